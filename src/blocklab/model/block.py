@@ -1,0 +1,47 @@
+"""A Transformer layer. The block owns where normalization sits around each sublayer."""
+from torch import Tensor, nn
+
+from blocklab.model.attention import Attention, AttentionContext
+from blocklab.model.ffn import FFN
+from blocklab.model.norm import build_norm
+
+
+class Residual(nn.Module):
+    """Wraps one sublayer f with its norm placement:
+    pre: x + f(LN(x)) | post: LN(x + f(x)) | sandwich: x + LN2(f(LN1(x))) | deepnorm: LN(alpha x + f(x)).
+    With residual=False the skip term is dropped and only the normalized branch remains."""
+
+    def __init__(self, sublayer: nn.Module, placement: str, norm_type: str, dim: int, eps: float,
+                 bias: bool, dropout: float, residual: bool = True, alpha: float = 1.0):
+        super().__init__()
+        self.sublayer, self.placement, self.residual, self.alpha = sublayer, placement, residual, alpha
+        self.norm_in = build_norm(norm_type, dim, eps, bias) if placement in ("pre", "sandwich") else nn.Identity()
+        self.norm_out = build_norm(norm_type, dim, eps, bias) if placement != "pre" else nn.Identity()
+        self.dropout = nn.Dropout(dropout)
+        # post/deepnorm normalize the sum; sandwich normalizes the branch alone.
+        self.norm_after_sum = placement in ("post", "deepnorm")
+
+    def forward(self, x: Tensor, *args) -> Tensor:
+        branch = self.dropout(self.sublayer(self.norm_in(x), *args))
+        if not self.norm_after_sum:
+            branch = self.norm_out(branch)
+        out = self.alpha * x + branch if self.residual else branch
+        return self.norm_out(out) if self.norm_after_sum else out
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, layer: int):
+        super().__init__()
+        self.layer = layer
+        norm, attn = cfg.norm, cfg.attn
+        wrap = dict(placement=norm.placement, norm_type=norm.type, dim=cfg.d_model, eps=norm.eps,
+                    bias=cfg.bias, dropout=cfg.dropout, residual=cfg.residual, alpha=cfg.residual_alpha)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, attn.n_kv_heads, attn.scale_value(cfg.d_head),
+                              attn.qk_norm, cfg.dropout, cfg.bias, attn.causal, attn.window)
+        self.attn_residual = Residual(self.attn, **wrap)
+        self.ffn = FFN(cfg.d_model, cfg.d_ff, cfg.act.name, cfg.act.match_params, cfg.dropout, cfg.bias) if cfg.ffn else None
+        self.ffn_residual = Residual(self.ffn, **wrap) if cfg.ffn else None
+
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+        x = self.attn_residual(x, ctx, self.layer)
+        return self.ffn_residual(x) if self.ffn_residual is not None else x

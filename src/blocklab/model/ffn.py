@@ -1,0 +1,46 @@
+"""Position-wise feed-forward networks: plain MLP(act) and gated GLU variants."""
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def relu2(x: Tensor) -> Tensor:
+    return F.relu(x).square()
+
+
+# name -> (nonlinearity, gated). Gated variants compute act(x W_gate) * (x W_up).
+ACTIVATIONS = {
+    "relu": (F.relu, False),
+    "gelu": (F.gelu, False),
+    "silu": (F.silu, False),
+    "relu2": (relu2, False),
+    "glu": (F.sigmoid, True),
+    "swiglu": (F.silu, True),
+    "geglu": (F.gelu, True),
+    "reglu": (F.relu, True),
+}
+
+
+def hidden_size(name: str, d_ff: int, match_params: bool) -> int:
+    """Gated FFNs have three matrices instead of two; 2/3 of d_ff keeps the parameter count."""
+    gated = ACTIVATIONS[name][1]
+    return max(1, round(d_ff * 2 / 3)) if gated and match_params else d_ff
+
+
+class FFN(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, act: str = "gelu", match_params: bool = True,
+                 dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.act, self.gated = ACTIVATIONS[act]
+        self.hidden = hidden_size(act, d_ff, match_params)
+        self.in_proj = nn.Linear(d_model, self.hidden * (2 if self.gated else 1), bias=bias)
+        self.out_proj = nn.Linear(self.hidden, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.in_proj(x)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = self.act(gate) * up
+        else:
+            h = self.act(h)
+        return self.out_proj(self.dropout(h))

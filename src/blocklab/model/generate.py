@@ -1,0 +1,59 @@
+"""Autoregressive decoding: greedy or sampled, with or without the KV cache."""
+import torch
+from torch import Tensor
+
+
+def left_pad(prompts: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Stack prompts of different lengths, padded on the left so every row ends at the same column."""
+    width = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        idx[row, width - len(prompt):] = prompt
+        valid[row, width - len(prompt):] = True
+    return idx, valid
+
+
+def _next_token(logits: Tensor, temperature: float, top_k: int | None, generator) -> Tensor:
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | None = None, pad_id: int = 0,
+             temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None,
+             use_cache: bool = True) -> Tensor:
+    """Continue each prompt; returns the new tokens (B, <= max_new_tokens), `pad_id` after a row's EOS.
+    temperature 0 is greedy. Rows of different lengths are left-padded with explicit positions,
+    so each row is decoded exactly as it would be alone."""
+    idx, valid = left_pad(prompts, pad_id)
+    device = next(model.parameters()).device
+    idx, valid = idx.to(device), valid.to(device)
+    positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+    cache = model.new_cache() if use_cache else None
+    logits = model(idx, positions, valid, cache)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    out = []
+    for step in range(max_new_tokens):
+        token = _next_token(logits[:, -1], temperature, top_k, generator)
+        token = token.masked_fill(done, pad_id)
+        out.append(token)
+        if eos_id is not None:
+            done |= token == eos_id
+            if bool(done.all()):
+                break
+        if step == max_new_tokens - 1:
+            break
+        if use_cache:
+            logits = model(token[:, None], cache=cache)
+        else:
+            idx = torch.cat((idx, token[:, None]), dim=1)
+            positions = torch.cat((positions, positions[:, -1:] + 1), dim=1)
+            valid = torch.cat((valid, torch.ones_like(valid[:, :1])), dim=1)
+            logits = model(idx, positions, valid)
+    return torch.stack(out, dim=1) if out else torch.empty(len(prompts), 0, dtype=torch.long, device=device)

@@ -1,0 +1,99 @@
+"""Named initialization schemes, applied after construction. Depth-dependent schemes
+(GPT-2 residual scaling, DeepNet beta) read the depth from the config."""
+import math
+
+from torch import nn
+
+from blocklab.model.norm import deepnorm_beta
+
+
+def _linears_and_embeddings(model):
+    return [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+
+
+def _normal(model, std: float):
+    for module in _linears_and_embeddings(model):
+        nn.init.normal_(module.weight, 0.0, std)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)
+
+
+def branch_outputs(model) -> list[nn.Linear]:
+    """The projections that write into the residual stream: attention out and FFN out."""
+    outs = []
+    for block in model.blocks:
+        outs.append(block.attn.out_proj)
+        if block.ffn is not None:
+            outs.append(block.ffn.out_proj)
+    return outs
+
+
+def deepnet_scaled(model) -> list[nn.Linear]:
+    """DeepNet scales the value, attention-output and FFN matrices by beta (not queries/keys)."""
+    layers = []
+    for block in model.blocks:
+        layers += [block.attn.v_proj, block.attn.out_proj]
+        if block.ffn is not None:
+            layers += [block.ffn.in_proj, block.ffn.out_proj]
+    return layers
+
+
+def init_default(model, cfg):
+    """PyTorch's own per-layer defaults: nothing to do."""
+
+
+def init_normal(model, cfg):
+    _normal(model, cfg.init.std)
+
+
+def init_gpt2(model, cfg):
+    _normal(model, cfg.init.std)
+    for layer in branch_outputs(model):
+        nn.init.normal_(layer.weight, 0.0, cfg.init.std / math.sqrt(2 * cfg.n_layers))
+
+
+def init_xavier(model, cfg):
+    _normal(model, cfg.init.std)  # embeddings
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module is not getattr(model, "head", None):
+            nn.init.xavier_normal_(module.weight)
+
+
+def init_small(model, cfg):
+    """Nguyen & Salazar (2019): N(0, sqrt(2 / (5 d))) everywhere."""
+    _normal(model, math.sqrt(2 / (5 * cfg.d_model)))
+
+
+def init_deepnet(model, cfg):
+    """Wang et al. (2022): Xavier normal, gain beta on value/output/FFN, gain 1 on queries/keys."""
+    init_xavier(model, cfg)
+    beta = deepnorm_beta(cfg.n_layers)
+    for layer in deepnet_scaled(model):
+        nn.init.xavier_normal_(layer.weight, gain=beta)
+
+
+def init_zero_branch(model, cfg):
+    """Every residual branch starts as exactly zero, so each block starts as the identity."""
+    _normal(model, cfg.init.std)
+    for layer in branch_outputs(model):
+        nn.init.zeros_(layer.weight)
+
+
+INIT_FUNCTIONS = {
+    "default": init_default,
+    "normal": init_normal,
+    "gpt2": init_gpt2,
+    "xavier": init_xavier,
+    "small": init_small,
+    "deepnet": init_deepnet,
+    "zero_branch": init_zero_branch,
+}
+
+
+def apply_init(model, cfg):
+    INIT_FUNCTIONS[cfg.init.name](model, cfg)
+    # DeepNorm is alpha on the residual *and* beta at init; deepnet already applied beta.
+    if cfg.norm.placement == "deepnorm" and cfg.init.name != "deepnet":
+        beta = deepnorm_beta(cfg.n_layers)
+        for layer in deepnet_scaled(model):
+            layer.weight.data.mul_(beta)

@@ -1,0 +1,169 @@
+"""Position schemes behind one interface, so attention never asks which scheme it runs.
+
+A scheme implements any of three hooks; the defaults do nothing (NoPE implements none):
+  embed(x, positions)          absolute schemes add a vector to the token embeddings
+  rotate(q, k, positions)      RoPE rotates queries and keys before attention
+  bias(q_positions, k_positions)  additive attention bias (ALiBi, T5 buckets), (B|1, H, Tq, Tk)
+Positions are explicit integer tensors of shape (B|1, T), so left padding, KV-cache decoding
+and evaluation beyond the training length all go through the same code.
+"""
+import math
+
+import torch
+from torch import Tensor, nn
+
+POSITION_SCHEMES: dict[str, type["PositionScheme"]] = {}
+
+
+def register(name: str):
+    def add(cls):
+        cls.scheme_name = name
+        POSITION_SCHEMES[name] = cls
+        return cls
+
+    return add
+
+
+class PositionScheme(nn.Module):
+    scheme_name = "base"
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, causal: bool = True):
+        super().__init__()
+        self.d_model, self.n_heads, self.d_head, self.causal = d_model, n_heads, d_head, causal
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        return None
+
+
+@register("none")
+class NoPE(PositionScheme):
+    """No positional information; a causal mask still breaks permutation symmetry."""
+
+
+def _angles(positions: Tensor, dim: int, base: float) -> Tensor:
+    """positions (B, T) -> angles (B, T, dim/2) with frequencies base^(-2i/dim)."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
+    return positions.to(torch.float32)[..., None] * inv_freq
+
+
+@register("sinusoidal")
+class Sinusoidal(PositionScheme):
+    """Vaswani et al.: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/d)."""
+
+    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0):
+        super().__init__(d_model, n_heads, d_head, causal)
+        self.base = base
+
+    def table(self, positions: Tensor) -> Tensor:
+        angles = _angles(positions, self.d_model, self.base)
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+
+    def embed(self, x, positions):
+        return x + self.table(positions).to(x.dtype)
+
+
+@register("learned")
+class Learned(PositionScheme):
+    """A trained vector per absolute position (GPT-2). Positions past the table are an error."""
+
+    def __init__(self, d_model, n_heads, d_head, causal=True, max_len: int = 512):
+        super().__init__(d_model, n_heads, d_head, causal)
+        self.max_len = max_len
+        self.table = nn.Embedding(max_len, d_model)
+
+    def embed(self, x, positions):
+        if positions.numel() and int(positions.max()) >= self.max_len:
+            raise ValueError(
+                f"position {int(positions.max())} is past the learned table (pos.max_len={self.max_len}); "
+                "raise pos.max_len or use shorter sequences"
+            )
+        return x + self.table(positions)
+
+
+@register("rope")
+class RoPE(PositionScheme):
+    """Su et al.: rotate each (i, i + d/2) pair of q and k by angle p * base^(-2i/d_head)."""
+
+    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0):
+        super().__init__(d_model, n_heads, d_head, causal)
+        self.base = base
+
+    def rotate(self, q, k, positions):
+        angles = _angles(positions, self.d_head, self.base)[:, None]  # (B, 1, T, d_head/2)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+
+
+def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Press et al.: geometric slopes 2^(-8/n), 2^(-16/n), ...; for n not a power of two,
+    the slopes of the nearest lower power of two plus every other slope of the next one."""
+
+    def geometric(n):
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    lower = 2 ** math.floor(math.log2(n_heads))
+    slopes = geometric(lower)
+    if lower < n_heads:
+        slopes += geometric(2 * lower)[0::2][: n_heads - lower]
+    return torch.tensor(slopes)
+
+
+@register("alibi")
+class ALiBi(PositionScheme):
+    """Linear distance penalty per head: bias = -slope_h * |i - j|."""
+
+    def __init__(self, d_model, n_heads, d_head, causal=True):
+        super().__init__(d_model, n_heads, d_head, causal)
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def bias(self, q_positions, k_positions):
+        distance = (q_positions[:, :, None] - k_positions[:, None, :]).abs()  # (B, Tq, Tk)
+        return -self.slopes[None, :, None, None] * distance[:, None].to(self.slopes.dtype)
+
+
+def t5_buckets(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """Raffel et al.: relative = key - query. Exact buckets for small distances, then
+    logarithmic buckets up to max_distance, beyond which all distances share the last bucket."""
+    bucket = torch.zeros_like(relative)
+    distance = -relative  # how far back the key is
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (distance < 0).long() * num_buckets
+        distance = distance.abs()
+    else:
+        distance = distance.clamp(min=0)
+    max_exact = num_buckets // 2
+    log_ratio = torch.log(distance.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(distance < max_exact, distance, large)
+
+
+@register("t5_bias")
+class T5Bias(PositionScheme):
+    """A learned scalar per (bucketed relative distance, head), shared by all layers."""
+
+    def __init__(self, d_model, n_heads, d_head, causal=True, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__(d_model, n_heads, d_head, causal)
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.table = nn.Embedding(num_buckets, n_heads)
+
+    def bias(self, q_positions, k_positions):
+        relative = k_positions[:, None, :] - q_positions[:, :, None]  # (B, Tq, Tk)
+        buckets = t5_buckets(relative, not self.causal, self.num_buckets, self.max_distance)
+        return self.table(buckets).permute(0, 3, 1, 2)
+
+
+def build_position(name: str, d_model: int, n_heads: int, d_head: int, causal: bool, **options) -> PositionScheme:
+    return POSITION_SCHEMES[name](d_model, n_heads, d_head, causal, **options)
