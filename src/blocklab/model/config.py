@@ -164,7 +164,7 @@ class ModelConfig:
         accepted = set(inspect.signature(scheme.__init__).parameters) - {"self", "d_model", "n_heads", "d_head", "causal"}
         for key in sorted(set(self.pos.options) - accepted):
             errs.append(f"pos.{key} is not an option of pos={self.pos.name}; its options are {sorted(accepted)}")
-        if self.pos.name == "rope" and self.d_head % 2:
+        if self.pos.name == "rope" and self.d_model % self.n_heads == 0 and self.d_head % 2:
             errs.append(f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {self.d_head}; "
                         "change model.n_heads or model.d_model")
         if self.pos.name == "sinusoidal" and self.d_model % 2:

@@ -1,0 +1,125 @@
+"""What copy and addition share: a vocabulary, (prompt, answer) examples generated from a seed,
+padded batches with a loss mask, and fixed validation sets per length."""
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils.data import IterableDataset
+
+PAD, EOS = "<pad>", "<eos>"
+IGNORE = -100  # cross-entropy ignore_index: no loss on prompt or padding
+
+
+@dataclass
+class Example:
+    prompt: list[int]
+    answer: list[int]  # ends with EOS
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, Tensor]:
+    """Right-pad `prompt + answer`; the model reads it shifted by one and is scored on the answer only."""
+    width = max(len(e.prompt) + len(e.answer) for e in examples) - 1
+    inputs = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    targets = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    valid = torch.zeros(len(examples), width, dtype=torch.bool)
+    for row, e in enumerate(examples):
+        seq = e.prompt + e.answer
+        n = len(seq) - 1
+        inputs[row, :n] = torch.tensor(seq[:-1])
+        valid[row, :n] = True
+        start = len(e.prompt) - 1  # the position whose next token is the first answer token
+        targets[row, start:n] = torch.tensor(e.answer)
+    return {"input": inputs, "target": targets, "valid": valid}
+
+
+def default_eval_lengths(min_len: int, max_len: int) -> list[int]:
+    """The training range and beyond it, up to twice the training maximum, in about eight steps."""
+    step = max(1, max_len // 4)
+    return sorted({min_len, max_len, *range(step, 2 * max_len + 1, step)})
+
+
+class SequenceTask:
+    """A task generating (prompt, answer) examples of a natural `length` (characters, digits...)."""
+
+    name = "base"
+
+    def __init__(self, symbols: list[str], min_len: int, max_len: int, eval_lengths: list[int] | None,
+                 batch_size: int, eval_examples: int, eval_seed: int, seed: int):
+        self.tokens = [PAD, EOS, *symbols]
+        self.ids = {t: i for i, t in enumerate(self.tokens)}
+        self.pad_id, self.eos_id = self.ids[PAD], self.ids[EOS]
+        self.min_len, self.max_len = min_len, max_len
+        self.eval_lengths = list(eval_lengths) if eval_lengths else default_eval_lengths(min_len, max_len)
+        self.batch_size, self.eval_examples = batch_size, eval_examples
+        self.eval_seed, self.seed = eval_seed, seed
+
+    @classmethod
+    def errors(cls, cfg: dict) -> list[str]:
+        """Config problems as one line each naming the key and the fix (checked before building)."""
+        errs = []
+        for key in ("min_len", "max_len", "batch_size", "eval_examples"):
+            value = cfg.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                errs.append(f"task.{key}={value!r} must be a positive integer")
+        if not errs and cfg["min_len"] > cfg["max_len"]:
+            errs.append(f"task.min_len={cfg['min_len']} > task.max_len={cfg['max_len']}: the training length "
+                        "range is empty; make min_len <= max_len")
+        lengths = cfg.get("eval_lengths")
+        if lengths is not None and (not isinstance(lengths, (list, tuple)) or not lengths
+                                    or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)):
+            errs.append(f"task.eval_lengths={lengths!r} must be a non-empty list of positive integers, "
+                        "e.g. task.eval_lengths=[4,8,16], or null for the default")
+        return errs
+
+    # --- what a concrete task defines -------------------------------------------------
+    def sample(self, rng: random.Random, length: int) -> Example:
+        raise NotImplementedError
+
+    def max_answer_len(self, length: int) -> int:
+        raise NotImplementedError
+
+    def max_prompt_len(self, length: int) -> int:
+        raise NotImplementedError
+
+    # --- shared machinery -------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest model input over training and evaluation (the answer's last token is never input)."""
+        longest = max(self.eval_lengths + [self.max_len])
+        return self.max_prompt_len(longest) + self.max_answer_len(longest) - 1
+
+    def in_distribution(self, length: int) -> bool:
+        return self.min_len <= length <= self.max_len
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids[ch] for ch in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.tokens[i] for i in ids if i != self.pad_id)
+
+    def eval_set(self, length: int) -> list[Example]:
+        """Fixed for a given eval_seed, whatever the training seed, so runs compare on the same data."""
+        rng = random.Random(f"{self.eval_seed}/{self.name}/{length}")
+        return [self.sample(rng, length) for _ in range(self.eval_examples)]
+
+    def train_batches(self) -> "TrainStream":
+        return TrainStream(self)
+
+
+class TrainStream(IterableDataset):
+    """An endless stream of padded training batches, a pure function of the seed."""
+
+    def __init__(self, task: SequenceTask):
+        self.task = task
+
+    def __iter__(self):
+        task = self.task
+        rng = random.Random(f"{task.seed}/{task.name}/train")
+        while True:
+            examples = [task.sample(rng, rng.randint(task.min_len, task.max_len)) for _ in range(task.batch_size)]
+            yield collate(examples, task.pad_id)

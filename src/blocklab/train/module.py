@@ -1,0 +1,94 @@
+"""The LightningModule: one configured Transformer trained with AdamW, warmup and cosine decay."""
+import math
+import time
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import grad_norm
+from torchmetrics import MeanMetric
+
+from blocklab.model import ModelConfig, Transformer
+from blocklab.tasks.base import IGNORE
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine decay to min_ratio at `total` steps (nanoGPT's schedule)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if step >= total:
+        return min_ratio
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_ratio + 0.5 * (1 + math.cos(math.pi * progress)) * (1 - min_ratio)
+
+
+class LitTransformer(L.LightningModule):
+    def __init__(self, model_cfg: ModelConfig, optim: dict, in_distribution: list[int] | None = None):
+        super().__init__()
+        self.model = Transformer(model_cfg)
+        self.optim = optim
+        self.in_distribution = set(in_distribution or [])
+        self.val_loss = MeanMetric()
+        self.val_loss_beyond = MeanMetric()
+        self.tokens_seen = 0
+        self.step_time_s = 0.0
+        self._window_tokens, self._window_time, self._step_start = 0, 0.0, 0.0
+        self.last_train_loss = float("nan")
+
+    def forward(self, idx, **kwargs):
+        return self.model(idx, **kwargs)
+
+    def batch_loss(self, batch, reduction: str = "mean"):
+        logits = self.model(batch["input"], valid=batch["valid"])
+        return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE,
+                               reduction=reduction)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self._step_start = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        loss = self.batch_loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        elapsed = time.perf_counter() - self._step_start
+        tokens = int(batch["valid"].sum())
+        self.tokens_seen += tokens
+        self.step_time_s += elapsed
+        self._window_tokens += tokens
+        self._window_time += elapsed
+        self.last_train_loss = float(outputs["loss"])
+        if (self.global_step % self.trainer.log_every_n_steps) == 0 and self._window_time > 0:
+            self.log("train/tokens_per_s", self._window_tokens / self._window_time)
+            self._window_tokens, self._window_time = 0, 0.0
+
+    def on_before_optimizer_step(self, optimizer):
+        if self.global_step % self.trainer.log_every_n_steps == 0:
+            norms = grad_norm(self.model, norm_type=2)
+            self.log("train/grad_norm", norms["grad_2.0_norm_total"])
+
+    def validation_step(self, batch, batch_idx):
+        per_token = self.batch_loss(batch, reduction="none")
+        n_tokens = (batch["target"] != IGNORE).sum()
+        metric = self.val_loss if batch["length"] in self.in_distribution else self.val_loss_beyond
+        metric.update(per_token.sum() / n_tokens, weight=n_tokens)
+
+    def on_validation_epoch_end(self):
+        self.log("val/loss", self.val_loss.compute(), prog_bar=True)
+        self.log("val/loss_beyond_train", self.val_loss_beyond.compute())
+        self.val_loss.reset()
+        self.val_loss_beyond.reset()
+
+    def configure_optimizers(self):
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.optim["lr"], betas=tuple(self.optim["betas"]),
+        )
+        total = self.trainer.max_steps
+        min_ratio = self.optim["min_lr"] / self.optim["lr"]
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, self.optim["warmup_steps"], total, min_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,0 +1,164 @@
+"""One experiment: validate the config, train, evaluate length generalization, write results.json."""
+import logging
+import time
+from pathlib import Path
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from blocklab.errors import ConfigError
+from blocklab.model import ModelConfig
+from blocklab.tasks import build_task, task_errors
+from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
+from blocklab.train.evaluate import evaluate, validation_batches
+from blocklab.train.module import LitTransformer
+from blocklab.train.results import RESULTS_FILE, print_summary, write_results
+
+ARCHS = ("decoder",)
+
+# Lightning advertises its cloud products on every run; keep the console for the experiment.
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+    lambda record: not str(record.msg).startswith("💡 Tip"))
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def training_errors(groups: dict) -> list[str]:
+    errs = []
+    arch = groups["model"].get("arch", "decoder")
+    if arch not in ARCHS:
+        errs.append(f"model.arch={arch!r} is unknown; use one of {list(ARCHS)}")
+    steps = groups["trainer"].get("max_steps")
+    if not isinstance(steps, int) or steps <= 0:
+        errs.append(f"trainer.max_steps={steps!r} must be a positive integer")
+    optim = groups["optim"]
+    if not _positive(optim.get("lr")):
+        errs.append(f"optim.lr={optim.get('lr')!r} must be a positive number")
+    elif not (isinstance(optim.get("min_lr"), (int, float)) and 0 <= optim["min_lr"] <= optim["lr"]):
+        errs.append(f"optim.min_lr={optim.get('min_lr')!r} must be between 0 and optim.lr={optim['lr']}")
+    if not isinstance(optim.get("warmup_steps"), int) or optim["warmup_steps"] < 0:
+        errs.append(f"optim.warmup_steps={optim.get('warmup_steps')!r} must be a non-negative integer")
+    if not isinstance(groups.get("seed"), int):
+        errs.append(f"seed={groups.get('seed')!r} must be an integer")
+    return errs
+
+
+def choices(model_cfg: ModelConfig, seed: int) -> dict:
+    """What was run, named by what the model computes (field overrides included)."""
+    return {
+        "norm": model_cfg.norm.name, "pos": model_cfg.pos.name, "act": model_cfg.act.name,
+        "attn": model_cfg.attn.name(model_cfg.n_heads), "init": model_cfg.init.name,
+        "n_heads": model_cfg.n_heads, "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model, "seed": seed,
+        "n_kv_heads": model_cfg.attn.n_kv_heads or model_cfg.n_heads, "d_ff": model_cfg.d_ff,
+        "norm_type": model_cfg.norm.type, "norm_placement": model_cfg.norm.placement,
+    }
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        flat.update(flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
+    return flat
+
+
+def prepare(cfg: DictConfig):
+    """Everything that can fail on bad input, before any file is written."""
+    groups = OmegaConf.to_container(cfg, resolve=True)
+    errors = task_errors(groups["task"]) + training_errors(groups)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    task = build_task(groups["task"], groups["seed"])
+    model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len)
+    errors = model_cfg.errors()
+    if errors:
+        raise ConfigError("\n".join(errors))
+    run_dir = Path(groups["run_dir"])
+    if (run_dir / RESULTS_FILE).exists():
+        raise ConfigError(f"{run_dir / RESULTS_FILE} already exists; choose a new hydra.run.dir (or run_dir) "
+                          "so finished results are never overwritten")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write_test"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(f"cannot write to run directory {run_dir} ({err.strerror}); set hydra.run.dir to a "
+                          "writable place") from None
+    return groups, task, model_cfg, run_dir
+
+
+def save_config(cfg: DictConfig, run_dir: Path) -> None:
+    config_dir = run_dir / ".hydra"
+    config_dir.mkdir(exist_ok=True)
+    OmegaConf.save(cfg, config_dir / "config.yaml", resolve=True)
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), config_dir / "overrides.yaml")
+        OmegaConf.save(OmegaConf.create(dict(hydra_cfg.runtime.choices)), config_dir / "choices.yaml")
+
+
+def build_logger(cfg: DictConfig, run_dir: Path, name: str, job_type: str):
+    if cfg.logger.get("_target_") is None:
+        return False
+    if cfg.logger._target_.endswith("WandbLogger"):
+        return instantiate(cfg.logger, save_dir=str(run_dir), name=name, job_type=job_type)
+    return instantiate(cfg.logger, save_dir=str(run_dir))
+
+
+def run(cfg: DictConfig) -> float | None:
+    groups, task, model_cfg, run_dir = prepare(cfg)
+    save_config(cfg, run_dir)
+    L.seed_everything(groups["seed"], workers=True, verbose=False)
+    picked = choices(model_cfg, groups["seed"])
+    run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
+        f"-h{picked['n_heads']}-s{picked['seed']}"
+    lit = LitTransformer(model_cfg, groups["optim"], [n for n in task.eval_lengths if task.in_distribution(n)])
+
+    logger = build_logger(cfg, run_dir, f"{task.name}-{run_name}", task.name)
+    if logger:
+        logger.log_hyperparams({**picked, **flatten(groups)})
+    guard = DivergenceGuard(groups["trainer"].get("max_loss"))
+    callbacks = [guard, StepProgressBar(), ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0)]
+    if logger:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    trainer_cfg = {k: v for k, v in cfg.trainer.items() if k != "max_loss"}
+    trainer = instantiate(trainer_cfg, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
+
+    train_loader = DataLoader(task.train_batches(), batch_size=None)
+    val_loader = DataLoader(validation_batches(task), batch_size=None)
+    start = time.perf_counter()
+    trainer.fit(lit, train_loader, val_loader)
+    train_time = time.perf_counter() - start
+
+    rows = evaluate(lit.model, task)
+    in_dist = [r["loss"] for r in rows if r["in_distribution"] and r["loss"] is not None]
+    status = "diverged" if guard.diverged_at_step is not None else "completed"
+    results = {
+        "status": status,
+        "task": task.name,
+        "choices": picked,
+        "params": lit.model.num_params(),
+        "steps": trainer.global_step,
+        "train_time_s": round(train_time, 3),
+        "tokens_per_s": lit.tokens_seen / lit.step_time_s if lit.step_time_s else 0.0,
+        "final_train_loss": lit.last_train_loss,
+        "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
+        "diverged_at_step": guard.diverged_at_step,
+        "train_lengths": [task.min_len, task.max_len],
+        "eval": rows,
+    }
+    path = write_results(run_dir, results)
+    if logger and hasattr(logger, "log_table"):
+        columns = list(rows[0])
+        logger.log_table("eval/by_length", columns=columns, data=[[r[c] for c in columns] for r in rows])
+        logger.experiment.summary.update({k: v for k, v in results.items() if not isinstance(v, (dict, list))})
+        logger.experiment.finish()
+    print_summary(results, path)
+    return results["final_val_loss"]
