@@ -84,7 +84,7 @@ class ModelConfig:
     init: InitConfig = field(default_factory=InitConfig)
 
     def __post_init__(self):
-        if self.d_ff is None and isinstance(self.d_model, int):
+        if self.d_ff is None and isinstance(self.d_model, int) and self.d_model > 0:
             self.d_ff = 4 * self.d_model
 
     @property
@@ -122,6 +122,8 @@ class ModelConfig:
         errs = []
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
             value = getattr(self, key)
+            if key == "d_ff" and value is None:
+                continue  # derived from an invalid d_model, reported above
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 errs.append(f"model.{key}={value!r} must be a positive integer")
         if errs:

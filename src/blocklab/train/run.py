@@ -124,12 +124,11 @@ def run(cfg: DictConfig) -> float | None:
     logger = build_logger(cfg, run_dir, f"{task.name}-{run_name}", task.name)
     if logger:
         logger.log_hyperparams({**picked, **flatten(groups)})
-    guard = DivergenceGuard(groups["trainer"].get("max_loss"))
+    guard = DivergenceGuard(groups["max_loss"])
     callbacks = [guard, StepProgressBar(), ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0)]
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
-    trainer_cfg = {k: v for k, v in cfg.trainer.items() if k != "max_loss"}
-    trainer = instantiate(trainer_cfg, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
+    trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
 
     train_loader = DataLoader(task.train_batches(), batch_size=None)
     val_loader = DataLoader(validation_batches(task), batch_size=None)

@@ -1,0 +1,35 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# Fast settings for end-to-end runs: a few steps, small eval sets, no W&B unless a test asks.
+FAST = ["trainer=debug", "logger=none", "task.eval_examples=16"]
+
+
+def compose_config(overrides: list[str], run_dir: Path | None = None):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        extra = [f"run_dir={run_dir}"] if run_dir is not None else ["run_dir=unused"]
+        return compose(config_name="config", overrides=[*overrides, *extra])
+
+
+def run_in_process(overrides: list[str], run_dir: Path):
+    from blocklab.train.run import run
+
+    return run(compose_config(overrides, run_dir))
+
+
+def run_cli(args: list[str], timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "WANDB_SILENT": "true", **(env or {})})
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    return tmp_path / "run"

@@ -1,0 +1,120 @@
+"""Every yaml option composes and builds; bad configs fail before any work with a line naming the key."""
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from blocklab.errors import ConfigError
+from blocklab.train.run import prepare
+from conftest import CONF, compose_config, run_cli
+
+GROUPS = ["norm", "pos", "act", "attn", "init", "task", "model", "trainer", "logger", "optim"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_issue_groups_have_every_option():
+    assert set(options("norm")) >= {"pre_ln", "post_ln", "pre_rms", "post_rms", "sandwich_ln", "deepnorm", "none"}
+    assert set(options("pos")) >= {"none", "sinusoidal", "learned", "t5_bias", "rope", "alibi"}
+    assert set(options("act")) >= {"relu", "gelu", "silu", "relu2", "glu", "swiglu", "geglu", "reglu"}
+    assert set(options("attn")) >= {"mha", "mqa", "gqa", "local"}
+    assert set(options("init")) >= {"default", "normal", "gpt2", "xavier", "small", "deepnet", "zero_branch"}
+    assert set(options("task")) >= {"copy", "addition"}
+    assert set(options("trainer")) >= {"cpu", "debug"} and set(options("logger")) >= {"wandb", "csv", "none"}
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_option_composes_and_validates(group, option, tmp_path):
+    cfg = compose_config([f"{group}={option}"], tmp_path / "run")
+    groups, task, model_cfg, run_dir = prepare(cfg)
+    assert model_cfg.errors() == []
+
+
+def test_choices_are_named_by_what_the_model_computes(tmp_path):
+    from blocklab.train.run import choices
+
+    cfg = compose_config(["norm.type=rmsnorm", "norm.placement=sandwich", "attn=mha", "attn.n_kv_heads=1"], tmp_path)
+    _, _, model_cfg, _ = prepare(cfg)
+    picked = choices(model_cfg, 0)
+    assert picked["norm"] == "sandwich_rmsnorm" and picked["attn"] == "mqa"
+    assert model_cfg.norm.type == "rmsnorm" and model_cfg.norm.placement == "sandwich"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ("model.n_heads=3", "model.n_heads=3 does not divide model.d_model=64"),
+    ("model.d_model=0", "model.d_model=0 must be a positive integer"),
+    ("model.n_layers=-1", "model.n_layers=-1 must be a positive integer"),
+    ("model.d_ff=0", "model.d_ff=0 must be a positive integer"),
+    ("model.dropout=1.5", "model.dropout=1.5 must be in [0, 1)"),
+    ("attn.n_kv_heads=3", "attn.n_kv_heads=3 must divide model.n_heads=4"),
+    ("attn.window=0", "attn.window=0 must be a positive integer"),
+    ("attn.scale=-1", "attn.scale=-1 must be null"),
+    ("model.d_model=60 model.n_heads=12", "pos=rope needs an even head dimension"),
+    ("pos=sinusoidal model.d_model=63 model.n_heads=7", "pos=sinusoidal needs an even model.d_model"),
+    ("pos=t5_bias pos.num_buckets=2", "pos.num_buckets=2"),
+    ("norm.type=batchnorm", "norm.type='batchnorm' is unknown"),
+    ("norm.placement=middle", "norm.placement='middle' is unknown"),
+    ("act.name=tanh", "act.name='tanh' is unknown"),
+    ("init.name=orthogonal", "init.name='orthogonal' is unknown"),
+    ("task.min_len=20", "the training length range is empty"),
+    ("task.eval_lengths=[]", "task.eval_lengths=[] must be a non-empty list"),
+    ("task=addition task.batch_size=0", "task.batch_size=0 must be a positive integer"),
+    ("trainer.max_steps=0", "trainer.max_steps=0 must be a positive integer"),
+    ("optim.lr=0", "optim.lr=0 must be a positive number"),
+    ("optim.min_lr=1.0", "optim.min_lr=1.0 must be between 0 and optim.lr"),
+    ("optim.warmup_steps=-5", "optim.warmup_steps=-5 must be a non-negative integer"),
+    ("model.arch=transformer_xl", "model.arch='transformer_xl' is unknown"),
+])
+def test_bad_config_raises_one_line_naming_the_key(overrides, message, tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        prepare(compose_config(overrides.split(), run_dir))
+    assert message in str(err.value)
+    assert len(str(err.value).splitlines()) == 1
+    assert not run_dir.exists()
+
+
+def test_learned_positions_must_cover_evaluated_lengths(tmp_path):
+    with pytest.raises(ConfigError, match=r"pos.max_len=20 is shorter than the longest sequence"):
+        prepare(compose_config(["pos=learned", "pos.max_len=20"], tmp_path / "run"))
+    _, task, model_cfg, _ = prepare(compose_config(["pos=learned"], tmp_path / "run"))
+    assert model_cfg.position_options()["max_len"] == task.max_seq_len
+
+
+def test_cli_bad_config_exits_nonzero_with_one_line_and_writes_nothing(tmp_path):
+    run_dir = tmp_path / "bad"
+    proc = run_cli(["model.n_heads=5", f"hydra.run.dir={run_dir}", "logger=none"])
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: model.n_heads=5 does not divide model.d_model=64; use one of [1, 2, 4, 8, 16, 32, 64]"]
+    assert not run_dir.exists()
+
+
+def test_cli_bad_config_leaves_an_existing_run_untouched(tmp_path):
+    run_dir = tmp_path / "existing"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "results.json").write_text('{"status": "completed"}')
+    (run_dir / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    proc = run_cli(["attn.n_kv_heads=3", f"hydra.run.dir={run_dir}", "logger=none"])
+    assert proc.returncode == 2 and "attn.n_kv_heads=3" in proc.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    # A valid config aimed at a finished run is refused too: results are never overwritten.
+    proc = run_cli(["trainer=debug", f"hydra.run.dir={run_dir}", "logger=none"])
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_unknown_group_option_lists_the_choices():
+    proc = run_cli(["pos=spiral"])
+    assert proc.returncode != 0
+    assert "Could not find 'pos/spiral'" in proc.stderr and "alibi" in proc.stderr and "rope" in proc.stderr
+
+
+def test_unwritable_run_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="cannot write to run directory"):
+        prepare(compose_config([], blocker / "run"))

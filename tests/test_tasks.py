@@ -1,0 +1,105 @@
+import random
+
+import pytest
+import torch
+
+from blocklab.errors import ConfigError
+from blocklab.tasks import build_task
+from blocklab.tasks.base import IGNORE, collate, default_eval_lengths
+
+COMMON = dict(min_len=2, max_len=6, eval_lengths=None, batch_size=8, eval_examples=10, eval_seed=7)
+
+
+def copy_task(seed=0, **kw):
+    return build_task({"name": "copy", "alphabet": "abcdef", **COMMON, **kw}, seed)
+
+
+def addition_task(seed=0, **kw):
+    return build_task({"name": "addition", "reverse_answer": False, "pad_operands": False, **COMMON, **kw}, seed)
+
+
+def test_copy_example_is_input_sep_then_input_eos():
+    task = copy_task()
+    for length in (1, 5, 9):
+        e = task.sample(random.Random(length), length)
+        text = task.decode(e.prompt)
+        assert text.endswith("<sep>") and len(e.prompt) == length + 1
+        assert e.answer[:-1] == e.prompt[:-1] and e.answer[-1] == task.eos_id
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("pad", [False, True])
+def test_addition_answer_is_the_sum(reverse, pad):
+    task = addition_task(reverse_answer=reverse, pad_operands=pad)
+    rng = random.Random(0)
+    for length in (1, 3, 8):
+        for _ in range(50):
+            e = task.sample(rng, length)
+            prompt, answer = task.decode(e.prompt), task.decode(e.answer[:-1])
+            a, b = prompt.rstrip("=").split("+")
+            if pad:
+                assert len(a) == len(b) == length and len(answer) == length + 1
+            else:
+                assert a == str(int(a)) and b == str(int(b))  # no leading zeros
+            assert int(a) < 10**length and int(b) < 10**length
+            assert int(answer[::-1] if reverse else answer) == int(a) + int(b)
+
+
+def test_collate_scores_answer_only_and_masks_padding():
+    task = copy_task()
+    examples = [task.sample(random.Random(i), n) for i, n in enumerate((1, 4))]
+    batch = collate(examples, task.pad_id)
+    for row, e in enumerate(examples):
+        seq = e.prompt + e.answer
+        n = len(seq) - 1
+        assert batch["input"][row, :n].tolist() == seq[:-1]
+        assert batch["valid"][row].sum() == n and not batch["valid"][row, n:].any()
+        scored = batch["target"][row] != IGNORE
+        assert batch["target"][row][scored].tolist() == e.answer
+        assert (batch["input"][row, n:] == task.pad_id).all()
+
+
+def test_training_stream_is_a_function_of_the_seed():
+    first = [next(iter(copy_task(seed=3).train_batches())) for _ in range(2)]
+    other = next(iter(copy_task(seed=4).train_batches()))
+    assert torch.equal(first[0]["input"], first[1]["input"])
+    assert not torch.equal(first[0]["input"], other["input"])
+    lengths = set()
+    for _, batch in zip(range(20), copy_task().train_batches()):
+        lengths |= set(((batch["target"] != IGNORE).sum(1) - 1).tolist())
+    assert lengths == set(range(2, 7))  # exactly the training range
+
+
+def test_eval_sets_are_fixed_by_eval_seed_not_training_seed():
+    a, b = copy_task(seed=0), copy_task(seed=1)
+    assert [e.prompt for e in a.eval_set(5)] == [e.prompt for e in b.eval_set(5)]
+    c = copy_task(eval_seed=8)
+    assert [e.prompt for e in a.eval_set(5)] != [e.prompt for e in c.eval_set(5)]
+    assert all(len(e.prompt) == 6 for e in a.eval_set(5))
+
+
+def test_default_eval_lengths_cover_training_range_and_twice_beyond():
+    lengths = default_eval_lengths(1, 16)
+    assert min(lengths) == 1 and max(lengths) == 32 and 16 in lengths
+    assert any(n > 16 for n in lengths) and lengths == sorted(set(lengths))
+    task = copy_task()
+    assert [task.in_distribution(n) for n in (1, 2, 6, 7)] == [False, True, True, False]
+
+
+def test_max_seq_len_covers_longest_eval_sequence():
+    task = addition_task(eval_lengths=[3, 20])
+    longest = max(len(e.prompt) + len(e.answer) - 1 for e in task.eval_set(20))
+    assert task.max_seq_len >= longest
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"min_len": 5, "max_len": 2}, "task.min_len=5 > task.max_len=2"),
+    ({"min_len": 0}, "task.min_len=0"),
+    ({"batch_size": -1}, "task.batch_size=-1"),
+    ({"eval_lengths": []}, "task.eval_lengths"),
+    ({"eval_lengths": [4, -2]}, "task.eval_lengths"),
+    ({"alphabet": "aab"}, "task.alphabet"),
+])
+def test_bad_task_config_names_the_key(bad, key):
+    with pytest.raises(ConfigError, match=key.replace("[", r"\[")):
+        copy_task(**bad)

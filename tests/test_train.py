@@ -1,0 +1,121 @@
+"""End to end: config -> model -> training -> evaluation -> results.json."""
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from blocklab.train.callbacks import DivergenceGuard
+from blocklab.train.results import read_results
+from conftest import FAST, run_cli, run_in_process
+
+EVAL_ROW_KEYS = {"length", "in_distribution", "exact_match", "token_acc", "loss", "n"}
+CHOICE_KEYS = {"norm", "pos", "act", "attn", "init", "n_heads", "n_layers", "d_model", "seed"}
+TOP_KEYS = {"status", "task", "choices", "params", "steps", "train_time_s", "tokens_per_s", "final_train_loss",
+            "final_val_loss", "diverged_at_step", "eval"}
+
+
+def check_schema(results: dict) -> None:
+    assert TOP_KEYS <= set(results)
+    assert results["status"] in ("completed", "diverged", "failed")
+    assert CHOICE_KEYS <= set(results["choices"])
+    assert isinstance(results["params"], int) and results["params"] > 0
+    assert results["eval"] and all(EVAL_ROW_KEYS <= set(row) for row in results["eval"])
+    for row in results["eval"]:
+        assert 0 <= row["exact_match"] <= 1 and 0 <= row["token_acc"] <= 1 and row["n"] > 0
+    assert any(r["in_distribution"] for r in results["eval"]) and any(not r["in_distribution"] for r in results["eval"])
+
+
+ISSUE_COMBINATIONS = [
+    "norm=pre_ln pos=rope",
+    "task=addition act=swiglu attn=gqa",
+    "model.n_heads=8 init=gpt2 norm=post_rms",
+    "norm.type=rmsnorm norm.placement=sandwich",
+    "model.residual=false model.ffn=false",
+    "attn.scale=none attn.qk_norm=true",
+    "attn.causal=false pos=t5_bias",
+    "task=addition task.pad_operands=true task.reverse_answer=false pos=learned",
+]
+SINGLE_OPTIONS = [f"{group}={option}" for group, names in {
+    "norm": ["post_ln", "pre_rms", "sandwich_ln", "deepnorm", "none"],
+    "pos": ["none", "sinusoidal", "learned", "t5_bias", "alibi"],
+    "act": ["relu", "silu", "relu2", "glu", "geglu", "reglu"],
+    "attn": ["mqa", "local"],
+    "init": ["default", "xavier", "small", "deepnet", "zero_branch"],
+}.items() for option in names]
+
+
+@pytest.mark.parametrize("overrides", ISSUE_COMBINATIONS + SINGLE_OPTIONS)
+def test_every_option_trains_and_writes_results(overrides, run_dir):
+    run_in_process([*FAST, *overrides.split()], run_dir)
+    results = read_results(run_dir)
+    check_schema(results)
+    assert results["status"] == "completed" and results["steps"] == 20
+    assert math.isfinite(results["final_train_loss"])
+    for override in overrides.split():
+        key, value = override.split("=")
+        if key in results["choices"]:
+            assert str(results["choices"][key]) == value
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def test_same_seed_same_metrics_different_seed_different(tmp_path):
+    def metrics(seed, name):
+        run_in_process([*FAST, f"seed={seed}"], tmp_path / name)
+        r = read_results(tmp_path / name)
+        return r["final_train_loss"], [(row["loss"], row["token_acc"]) for row in r["eval"]]
+
+    assert metrics(0, "a") == metrics(0, "b")
+    assert metrics(0, "a2") != metrics(1, "c")
+
+
+def test_loss_ceiling_marks_run_diverged(run_dir):
+    run_in_process([*FAST, "max_loss=0.5"], run_dir)
+    results = read_results(run_dir)
+    assert results["status"] == "diverged" and results["diverged_at_step"] is not None
+    assert results["steps"] < 20
+
+
+def test_guard_catches_non_finite_loss():
+    class Trainer:
+        global_step, should_stop = 7, False
+
+    guard, trainer = DivergenceGuard(), Trainer()
+    guard.on_train_batch_end(trainer, None, {"loss": 2.0}, None, 0)
+    assert not trainer.should_stop and guard.diverged_at_step is None
+    guard.on_train_batch_end(trainer, None, {"loss": float("nan")}, None, 0)
+    assert trainer.should_stop and guard.diverged_at_step == 7
+
+
+def test_cli_tiny_model_learns_copy(tmp_path):
+    """The point of the tool in one run: near-perfect inside the training lengths."""
+    run_dir = tmp_path / "copy"
+    proc = run_cli(["logger=none", "trainer.max_steps=800", "trainer.val_check_interval=400", "task.max_len=8",
+                    "task.eval_lengths=[4,8,12]", f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = read_results(run_dir)
+    check_schema(results)
+    inside = [r for r in results["eval"] if r["in_distribution"]]
+    assert min(r["exact_match"] for r in inside) >= 0.95, results["eval"]
+    assert "exact match" in proc.stdout and "trained on" in proc.stdout  # the summary table
+
+
+def test_wandb_offline_run_holds_config_and_metrics(tmp_path):
+    run_dir = tmp_path / "wb"
+    proc = run_cli(["trainer=debug", "logger=wandb", "task.eval_examples=16", f"hydra.run.dir={run_dir}"],
+                   env={"WANDB_MODE": "offline"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    wandb_cli = shutil.which("wandb", path=str(Path(sys.executable).parent))
+    assert wandb_cli, "the wandb CLI is installed with the package"
+    inspect = subprocess.run([wandb_cli, "leet", "inspect", "--summary", "--json", str(runs[0])],
+                             capture_output=True, text=True, timeout=120)
+    summary = json.loads(inspect.stdout)
+    text = json.dumps(summary)
+    for key in ('"norm": "pre_ln"', '"pos": "rope"', '"n_heads": 4', "train/loss", "val/loss", "train/grad_norm"):
+        assert key in text, key
