@@ -111,6 +111,12 @@ class ModelConfig:
             **model,
         )
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        """Inverse of dataclasses.asdict (how runs save model.json)."""
+        parts = {"norm": NormConfig, "pos": PosConfig, "attn": AttnConfig, "act": ActConfig, "init": InitConfig}
+        return cls(**{k: parts[k](**v) if k in parts else v for k, v in data.items()})
+
     def position_options(self) -> dict:
         """Scheme options with `None` meaning 'derive it': a learned table covers max_len."""
         options = {k: v for k, v in self.pos.options.items() if v is not None}

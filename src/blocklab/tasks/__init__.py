@@ -1,13 +1,12 @@
-"""Tasks by name. `build_task` validates the task config first and raises ConfigError."""
+"""Tasks by name. Every task offers: name, vocab_size, max_seq_len, eval_lengths, train_lengths,
+in_distribution(length), tokenizer(), train_batches(), validation_batches(), evaluate(model).
+`build_task` validates the task config first and raises ConfigError."""
 from blocklab.errors import ConfigError
 from blocklab.tasks.addition import AdditionTask
-from blocklab.tasks.base import SequenceTask
 from blocklab.tasks.copy import CopyTask
+from blocklab.tasks.lm import LMTask
 
-TASKS: dict[str, type[SequenceTask]] = {"copy": CopyTask, "addition": AdditionTask}
-
-# Keys of a task config that describe the run, not the task's constructor.
-_NOT_CONSTRUCTOR_ARGS = {"name"}
+TASKS = {"copy": CopyTask, "addition": AdditionTask, "lm": LMTask}
 
 
 def task_errors(cfg: dict) -> list[str]:
@@ -17,9 +16,8 @@ def task_errors(cfg: dict) -> list[str]:
     return cls.errors(cfg)
 
 
-def build_task(cfg: dict, seed: int) -> SequenceTask:
+def build_task(cfg: dict, seed: int):
     errors = task_errors(cfg)
     if errors:
         raise ConfigError("\n".join(errors))
-    options = {k: v for k, v in cfg.items() if k not in _NOT_CONSTRUCTOR_ARGS}
-    return TASKS[cfg["name"]](seed=seed, **options)
+    return TASKS[cfg["name"]](seed=seed, **{k: v for k, v in cfg.items() if k != "name"})

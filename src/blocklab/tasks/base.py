@@ -1,11 +1,16 @@
 """What copy and addition share: a vocabulary, (prompt, answer) examples generated from a seed,
 padded batches with a loss mask, and fixed validation sets per length."""
+import math
 import random
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from torch import Tensor
 from torch.utils.data import IterableDataset
+
+from blocklab.model.generate import generate
 
 PAD, EOS = "<pad>", "<eos>"
 IGNORE = -100  # cross-entropy ignore_index: no loss on prompt or padding
@@ -107,8 +112,64 @@ class SequenceTask:
         rng = random.Random(f"{self.eval_seed}/{self.name}/{length}")
         return [self.sample(rng, length) for _ in range(self.eval_examples)]
 
+    @property
+    def train_lengths(self) -> tuple[int, int]:
+        return self.min_len, self.max_len
+
+    def tokenizer(self) -> Tokenizer:
+        """The vocabulary as a `tokenizers` tokenizer (one token per character, specials whole),
+        saved with every run so generation needs nothing but the run directory."""
+        specials = [t for t in self.tokens if t.startswith("<")]
+        tok = Tokenizer(models.WordLevel(vocab=dict(self.ids), unk_token=PAD))
+        tok.add_special_tokens(specials)
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        return tok
+
     def train_batches(self) -> "TrainStream":
         return TrainStream(self)
+
+    def validation_batches(self, batch_size: int = 256) -> list[dict]:
+        """The fixed eval sets as padded batches, each tagged with its length."""
+        return [{**collate(part, self.pad_id), "length": length}
+                for length in self.eval_lengths for part in _chunks(self.eval_set(length), batch_size)]
+
+    def evaluate(self, model) -> list[dict]:
+        return [self.evaluate_length(model, length) for length in self.eval_lengths]
+
+    @torch.no_grad()
+    def evaluate_length(self, model, length: int, batch_size: int = 256) -> dict:
+        """Teacher-forced loss and token accuracy, and exact match of the whole answer under
+        greedy autoregressive generation (with the KV cache)."""
+        was_training = model.training
+        model.eval()
+        loss_sum = correct = tokens = exact = 0
+        examples = self.eval_set(length)
+        for part in _chunks(examples, batch_size):
+            batch = collate(part, self.pad_id)
+            logits = model(batch["input"], valid=batch["valid"])
+            scored = batch["target"] != IGNORE
+            loss_sum += F.cross_entropy(logits[scored], batch["target"][scored], reduction="sum").item()
+            correct += (logits.argmax(-1)[scored] == batch["target"][scored]).sum().item()
+            tokens += scored.sum().item()
+            generated = generate(model, [torch.tensor(e.prompt) for e in part], self.max_answer_len(length),
+                                 eos_id=self.eos_id, pad_id=self.pad_id)
+            exact += sum(row[:len(e.answer)] == e.answer for row, e in zip(generated.tolist(), part))
+        model.train(was_training)
+        loss = loss_sum / tokens
+        return {
+            "length": length,
+            "in_distribution": self.in_distribution(length),
+            "exact_match": exact / len(examples),
+            "token_acc": correct / tokens,
+            "loss": loss if math.isfinite(loss) else None,
+            "n": len(examples),
+        }
+
+
+def _chunks(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 class TrainStream(IterableDataset):

@@ -75,8 +75,10 @@ class LitTransformer(L.LightningModule):
         metric.update(per_token.sum() / n_tokens, weight=n_tokens)
 
     def on_validation_epoch_end(self):
-        self.log("val/loss", self.val_loss.compute(), prog_bar=True)
-        self.log("val/loss_beyond_train", self.val_loss_beyond.compute())
+        if self.val_loss.update_called:
+            self.log("val/loss", self.val_loss.compute(), prog_bar=True)
+        if self.val_loss_beyond.update_called:
+            self.log("val/loss_beyond_train", self.val_loss_beyond.compute())
         self.val_loss.reset()
         self.val_loss_beyond.reset()
 

@@ -6,8 +6,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-RESULTS_FILE = "results.json"
+# What every run directory holds besides results.json: enough to rebuild and use the model.
+RESULTS_FILE, MODEL_FILE, TOKENIZER_FILE = "results.json", "model.json", "tokenizer.json"
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
 STATUSES = ("completed", "diverged", "failed")
+METRICS = ("exact_match", "token_acc", "loss", "perplexity", "bits_per_char")  # shown when a task reports them
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def write_results(run_dir: Path, results: dict) -> Path:
@@ -28,18 +35,19 @@ def print_summary(results: dict, path: Path, console: Console | None = None) -> 
     choices = results["choices"]
     title = (f"{results['task']}: norm={choices['norm']} pos={choices['pos']} act={choices['act']} "
              f"attn={choices['attn']} heads={choices['n_heads']} init={choices['init']}")
-    table = Table(title=title, caption=f"exact match = greedy generation of the whole answer; "
-                                       f"trained on lengths {results['train_lengths'][0]}-{results['train_lengths'][1]}")
-    for column in ("length", "trained on", "exact match", "token acc", "loss", "n"):
+    lo, hi = results["train_lengths"]
+    trained = f"{lo}-{hi}" if lo != hi else str(lo)
+    table = Table(title=title, caption=f"trained on length {trained}; exact match = greedy generation of the whole answer")
+    metrics = [m for m in METRICS if any(row.get(m) is not None for row in results["eval"])]
+    for column in ("length", "trained on", *(m.replace("_", " ") for m in metrics), "n"):
         table.add_column(column, justify="right")
     for row in results["eval"]:
-        style = None if row["in_distribution"] else "yellow"
-        loss = "nan" if row["loss"] is None else f"{row['loss']:.3f}"
-        table.add_row(str(row["length"]), "yes" if row["in_distribution"] else "no", f"{row['exact_match']:.3f}",
-                      f"{row['token_acc']:.3f}", loss, str(row["n"]), style=style)
+        cells = [_fmt(row.get(m)) for m in metrics]
+        table.add_row(str(row["length"]), "yes" if row["in_distribution"] else "no", *cells, str(row["n"]),
+                      style=None if row["in_distribution"] else "yellow")
     console.print(table)
     diverged = f" at step {results['diverged_at_step']}" if results["diverged_at_step"] is not None else ""
     console.print(f"status: {results['status']}{diverged} | params {results['params']:,} | steps {results['steps']} | "
                   f"{results['train_time_s']:.1f} s | {results['tokens_per_s']:,.0f} tokens/s | "
-                  f"final train loss {results['final_train_loss']:.4f}")
+                  f"final train loss {_fmt(results['final_train_loss'])}")
     console.print(f"results: {path}")

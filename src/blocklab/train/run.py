@@ -1,4 +1,6 @@
 """One experiment: validate the config, train, evaluate length generalization, write results.json."""
+import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -14,9 +16,8 @@ from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig
 from blocklab.tasks import build_task, task_errors
 from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
-from blocklab.train.evaluate import evaluate, validation_batches
 from blocklab.train.module import LitTransformer
-from blocklab.train.results import RESULTS_FILE, print_summary, write_results
+from blocklab.train.results import CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, write_results
 
 ARCHS = ("decoder",)
 
@@ -94,7 +95,10 @@ def prepare(cfg: DictConfig):
     return groups, task, model_cfg, run_dir
 
 
-def save_config(cfg: DictConfig, run_dir: Path) -> None:
+def save_config(cfg: DictConfig, run_dir: Path, model_cfg: ModelConfig, task) -> None:
+    """The resolved config, plus what generation needs to rebuild the model without the data."""
+    (run_dir / MODEL_FILE).write_text(json.dumps(dataclasses.asdict(model_cfg), indent=2) + "\n")
+    task.tokenizer().save(str(run_dir / TOKENIZER_FILE))
     config_dir = run_dir / ".hydra"
     config_dir.mkdir(exist_ok=True)
     OmegaConf.save(cfg, config_dir / "config.yaml", resolve=True)
@@ -114,7 +118,7 @@ def build_logger(cfg: DictConfig, run_dir: Path, name: str, job_type: str):
 
 def run(cfg: DictConfig) -> float | None:
     groups, task, model_cfg, run_dir = prepare(cfg)
-    save_config(cfg, run_dir)
+    save_config(cfg, run_dir, model_cfg, task)
     L.seed_everything(groups["seed"], workers=True, verbose=False)
     picked = choices(model_cfg, groups["seed"])
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
@@ -125,18 +129,18 @@ def run(cfg: DictConfig) -> float | None:
     if logger:
         logger.log_hyperparams({**picked, **flatten(groups)})
     guard = DivergenceGuard(groups["max_loss"])
-    callbacks = [guard, StepProgressBar(), ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0)]
+    callbacks = [guard, StepProgressBar(), ModelCheckpoint(dirpath=run_dir / CHECKPOINT.parent, save_last=True, save_top_k=0)]
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
 
     train_loader = DataLoader(task.train_batches(), batch_size=None)
-    val_loader = DataLoader(validation_batches(task), batch_size=None)
+    val_loader = DataLoader(task.validation_batches(), batch_size=None)
     start = time.perf_counter()
     trainer.fit(lit, train_loader, val_loader)
     train_time = time.perf_counter() - start
 
-    rows = evaluate(lit.model, task)
+    rows = task.evaluate(lit.model)
     in_dist = [r["loss"] for r in rows if r["in_distribution"] and r["loss"] is not None]
     status = "diverged" if guard.diverged_at_step is not None else "completed"
     results = {
@@ -150,7 +154,7 @@ def run(cfg: DictConfig) -> float | None:
         "final_train_loss": lit.last_train_loss,
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": guard.diverged_at_step,
-        "train_lengths": [task.min_len, task.max_len],
+        "train_lengths": list(task.train_lengths),
         "eval": rows,
     }
     path = write_results(run_dir, results)

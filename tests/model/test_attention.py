@@ -1,0 +1,271 @@
+"""Attention: causality, MHA/GQA/MQA grouping, the SDPA and explicit paths, scaling, padding."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blocklab.model import ModelConfig, Transformer
+from blocklab.model.config import AttnConfig, InitConfig, PosConfig
+
+SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5_bias"]
+VARIANTS = {
+    "mha": dict(n_kv_heads=None),
+    "gqa": dict(n_kv_heads=2),
+    "mqa": dict(n_kv_heads=1),
+    "local": dict(window=3),
+}
+V, D, H, DH = 20, 32, 4, 8
+
+
+def make_cfg(pos="rope", causal=True, n_layers=2, std=0.2, **attn):
+    cfg = ModelConfig(vocab_size=V, max_len=64, d_model=D, n_layers=n_layers, n_heads=H, pos=PosConfig(pos),
+                      attn=AttnConfig(causal=causal, **attn), init=InitConfig("normal", std))
+    assert cfg.errors() == []
+    return cfg
+
+
+def make_model(pos="rope", causal=True, n_layers=2, seed=0, **attn):
+    cfg = make_cfg(pos, causal, n_layers, **attn)
+    torch.manual_seed(seed)
+    return Transformer(cfg).double().eval()
+
+
+def tokens(shape, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, shape, generator=g)
+
+
+def forward(model, idx, need_weights=False, **kw):
+    with torch.no_grad():
+        out = model(idx, need_weights=need_weights, **kw)
+    return out[0] if need_weights else out
+
+
+# ------------------------------------------------------------------------------------ causality
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_later_tokens_never_change_earlier_outputs(pos, variant, need_weights):
+    model = make_model(pos, **VARIANTS[variant])
+    idx = tokens((2, 10))
+    base = forward(model, idx, need_weights)
+    for t in (1, 2, 5, 9):
+        changed = idx.clone()
+        changed[:, t:] = (idx[:, t:] + 1 + tokens((2, 10 - t), seed=t) % (V - 1)) % V
+        assert bool((changed[:, t:] != idx[:, t:]).all())
+        out = forward(model, changed, need_weights)
+        torch.testing.assert_close(out[:, :t], base[:, :t], rtol=0, atol=1e-12)
+        assert (out[:, t] - base[:, t]).abs().max() > 1e-4  # the changed position itself does change
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_non_causal_model_lets_later_tokens_change_earlier_outputs(pos, variant, need_weights):
+    model = make_model(pos, causal=False, **VARIANTS[variant])
+    idx = tokens((2, 10))
+    changed = idx.clone()
+    changed[:, -1] = (idx[:, -1] + 1) % V
+    base, out = forward(model, idx, need_weights), forward(model, changed, need_weights)
+    # The position just before the change is within every window and must see the new token.
+    assert (out[:, -2] - base[:, -2]).abs().max() > 1e-4
+
+
+# ----------------------------------------------------------------------------- MQA / GQA / MHA
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("n_kv", [None, 4, 2, 1])
+def test_attention_parameter_count(n_kv, bias):
+    cfg = ModelConfig(vocab_size=V, d_model=D, n_heads=H, bias=bias, attn=AttnConfig(n_kv_heads=n_kv))
+    attn = Transformer(cfg).blocks[0].attn
+    kv = n_kv or H
+    b = 1 if bias else 0
+    expected = (D * D + b * D) + 2 * (D * kv * DH + b * kv * DH) + (D * D + b * D)
+    assert sum(p.numel() for p in attn.parameters()) == expected
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_keys_and_values_have_kv_heads(variant):
+    model = make_model("rope", n_layers=3, **VARIANTS[variant])
+    kv = VARIANTS[variant].get("n_kv_heads") or H
+    window = VARIANTS[variant].get("window") or 99
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens((2, 3)), positions=torch.arange(3).expand(2, 3), cache=cache)
+        assert len(cache.keys) == len(cache.values) == 3
+        for k, v in zip(cache.keys, cache.values):
+            assert k.shape == v.shape == (2, kv, min(3, window), DH)
+        model(tokens((2, 2)), cache=cache)
+        for k, v in zip(cache.keys, cache.values):
+            assert k.shape == v.shape == (2, kv, min(5, window), DH)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_cache_continues_from_default_positions(batch):
+    """A prompt run through the cache with default positions, then one more token: the same logits
+    as the full sequence without a cache (documented default: positions continue from the cache)."""
+    model = make_model("rope", n_kv_heads=2)
+    idx = tokens((batch, 6))
+    full = forward(model, idx)
+    cache = model.new_cache()
+    with torch.no_grad():
+        first = model(idx[:, :5], cache=cache)
+        step = model(idx[:, 5:], cache=cache)
+    torch.testing.assert_close(first, full[:, :5], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(step, full[:, 5:], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_mha_equals_gqa_with_as_many_kv_heads_as_heads(pos):
+    mha = make_model(pos, n_kv_heads=None)
+    gqa = make_model(pos, seed=5, n_kv_heads=H)
+    gqa.load_state_dict(mha.state_dict())
+    idx = tokens((2, 9))
+    torch.testing.assert_close(forward(gqa, idx), forward(mha, idx), rtol=0, atol=1e-12)
+    torch.testing.assert_close(forward(gqa, idx, True), forward(mha, idx, True), rtol=0, atol=1e-12)
+
+
+def repeat_kv(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """(n_kv * d_head, ...) -> (n_kv * groups * d_head, ...): each K/V head copied for its query group."""
+    n_kv = weight.shape[0] // DH
+    return weight.reshape(n_kv, DH, *weight.shape[1:]).repeat_interleave(groups, dim=0).reshape(-1, *weight.shape[1:])
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("n_kv", [2, 1])
+@pytest.mark.parametrize("pos", ["rope", "alibi", "t5_bias"])
+def test_gqa_equals_mha_with_kv_heads_repeated_per_group(pos, n_kv, need_weights):
+    """Query head h reads K/V head h // (n_heads / n_kv_heads): consecutive heads form a group."""
+    gqa = make_model(pos, n_kv_heads=n_kv)
+    mha = make_model(pos, seed=5)
+    state = gqa.state_dict()
+    for name, value in list(state.items()):
+        if ".k_proj." in name or ".v_proj." in name:
+            state[name] = repeat_kv(value, H // n_kv)
+    mha.load_state_dict(state)
+    idx = tokens((2, 9))
+    torch.testing.assert_close(forward(gqa, idx, need_weights), forward(mha, idx, need_weights),
+                               rtol=1e-10, atol=1e-10)
+    # Sanity: a different grouping (heads interleaved across groups) gives different outputs.
+    other = make_model(pos, seed=5)
+    for name, value in list(gqa.state_dict().items()):
+        if ".k_proj." in name or ".v_proj." in name:
+            n = value.shape[0] // DH
+            state[name] = value.reshape(n, DH, *value.shape[1:]).repeat(H // n, *([1] * value.dim())).reshape(
+                -1, *value.shape[1:])
+    other.load_state_dict(state)
+    if n_kv > 1:
+        assert (forward(other, idx, need_weights) - forward(gqa, idx, need_weights)).abs().max() > 1e-4
+
+
+# --------------------------------------------------------------------------- SDPA vs explicit
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "left_padded"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_sdpa_and_explicit_paths_agree(pos, variant, causal, padded):
+    model = make_model(pos, causal=causal, **VARIANTS[variant])
+    idx = tokens((2, 9))
+    kw = {}
+    if padded:
+        valid = torch.ones(2, 9, dtype=torch.bool)
+        valid[0, :3] = False
+        kw = dict(valid=valid, positions=(valid.long().cumsum(1) - 1).clamp(min=0))
+    fast = forward(model, idx, **kw)
+    with torch.no_grad():
+        slow, weights = model(idx, need_weights=True, **kw)
+    torch.testing.assert_close(slow, fast, rtol=1e-10, atol=1e-10)
+    assert len(weights) == 2
+    window = VARIANTS[variant].get("window")
+    i, j = torch.arange(9)[:, None], torch.arange(9)[None]
+    forbidden = torch.zeros(9, 9, dtype=torch.bool)
+    if causal:
+        forbidden |= j > i
+    if window is not None:
+        forbidden |= (i - j).abs() >= window
+    for w in weights:
+        assert w.shape == (2, H, 9, 9)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, H, 9, dtype=torch.float64), rtol=0, atol=1e-12)
+        assert bool((w[..., forbidden] == 0).all())
+        assert bool((w[..., ~forbidden][1] > 0).all())  # unpadded row: every allowed key gets weight
+        if padded:  # real queries of the padded row give no weight to padding keys
+            assert bool((w[0, :, 3:, :3] == 0).all())
+
+
+# ------------------------------------------------------------------------------------- scaling
+
+@pytest.mark.parametrize("scale, expected", [(None, 1 / math.sqrt(DH)), ("default", 1 / math.sqrt(DH)),
+                                             ("none", 1.0), (0.3, 0.3), (2, 2.0)])
+def test_attention_scale_setting(scale, expected):
+    model = Transformer(make_cfg(scale=scale))
+    for block in model.blocks:
+        assert block.attn.scale == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("n_kv", [None, 2])
+@pytest.mark.parametrize("scale, value", [(None, 1 / math.sqrt(DH)), ("none", 1.0), (0.3, 0.3)])
+def test_attention_weights_match_hand_computation(scale, value, n_kv):
+    """One pre-LN layer, no positions: weights = softmax(q k^T * scale + causal mask)."""
+    model = make_model("none", n_layers=1, n_kv_heads=n_kv, scale=scale)
+    idx = tokens((2, 7))
+    with torch.no_grad():
+        logits, weights = model(idx, need_weights=True)
+        x = F.layer_norm(model.tok_emb.weight[idx], (D,), eps=1e-5)
+        attn = model.blocks[0].attn
+        kv = n_kv or H
+        q = (x @ attn.q_proj.weight.T + attn.q_proj.bias).view(2, 7, H, DH).transpose(1, 2)
+        k = (x @ attn.k_proj.weight.T + attn.k_proj.bias).view(2, 7, kv, DH).transpose(1, 2)
+        k = k[:, [h * kv // H for h in range(H)]]  # query head h reads kv head h // (H / kv)
+        scores = (q @ k.transpose(-1, -2)) * value
+        scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(weights[0], scores.softmax(-1), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(model(idx), logits, rtol=1e-10, atol=1e-10)  # SDPA uses the same scale
+
+
+def test_scale_changes_the_outputs():
+    idx = tokens((2, 7))
+    a = forward(make_model("rope", scale=None), idx)
+    b = forward(make_model("rope", scale="none"), idx)
+    assert (a - b).abs().max() > 1e-4
+
+
+# -------------------------------------------------------------------------------------- padding
+
+@pytest.mark.parametrize("variant", ["mha", "gqa", "local"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_right_padding_does_not_change_outputs(pos, causal, variant):
+    model = make_model(pos, causal=causal, **VARIANTS[variant])
+    short, long = tokens((1, 5), seed=2), tokens((1, 8), seed=3)
+    garbage = tokens((1, 3), seed=4)
+    idx = torch.cat((torch.cat((short, garbage), 1), long))
+    valid = torch.ones(2, 8, dtype=torch.bool)
+    valid[0, 5:] = False
+    batch = forward(model, idx, valid=valid)
+    torch.testing.assert_close(batch[0, :5], forward(model, short)[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(batch[1], forward(model, long)[0], rtol=1e-10, atol=1e-10)
+    # without the mask a bidirectional model reads the padding (so the mask is what makes this pass)
+    if causal is False:
+        assert (forward(model, idx)[0, :5] - batch[0, :5]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("variant", ["mha", "gqa", "local"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_left_padding_with_positions_does_not_change_outputs(pos, causal, variant):
+    model = make_model(pos, causal=causal, **VARIANTS[variant])
+    short, long = tokens((1, 5), seed=2), tokens((1, 8), seed=3)
+    garbage = tokens((1, 3), seed=4)
+    idx = torch.cat((torch.cat((garbage, short), 1), long))
+    valid = torch.ones(2, 8, dtype=torch.bool)
+    valid[0, :3] = False
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)
+    batch = forward(model, idx, valid=valid, positions=positions)
+    torch.testing.assert_close(batch[0, 3:], forward(model, short)[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(batch[1], forward(model, long)[0], rtol=1e-10, atol=1e-10)
+    # without the key mask every model (causal too) reads the padding on the left
+    unmasked = forward(model, idx, positions=positions)
+    assert (unmasked[0, 3:] - batch[0, 3:]).abs().max() > 1e-4

@@ -1,0 +1,106 @@
+"""Decoding: the KV cache changes nothing but speed, left-padded batches decode each row as alone,
+and local attention's cache never holds more than the window."""
+import pytest
+import torch
+
+from blocklab.model import ModelConfig, Transformer
+from blocklab.model.config import AttnConfig, InitConfig, PosConfig
+from blocklab.model.generate import generate
+
+SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5_bias"]
+VARIANTS = {
+    "mha": dict(n_kv_heads=None),
+    "gqa": dict(n_kv_heads=2),
+    "mqa": dict(n_kv_heads=1),
+    "local": dict(window=3),
+}
+V = 20
+
+
+def make_model(pos="rope", seed=0, **attn):
+    cfg = ModelConfig(vocab_size=V, max_len=64, d_model=32, n_layers=2, n_heads=4, pos=PosConfig(pos),
+                      attn=AttnConfig(**attn), init=InitConfig("normal", 0.3), tie_embeddings=False)
+    assert cfg.errors() == []
+    torch.manual_seed(seed)
+    return Transformer(cfg).double().eval()
+
+
+def make_prompts(lengths=(3, 7, 5), seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, V, (n,), generator=g) for n in lengths]
+
+
+@torch.no_grad()
+def greedy_alone(model, prompt, steps):
+    """Reference: one prompt, no padding, no cache, the whole sequence recomputed every step."""
+    seq = prompt.clone()
+    for _ in range(steps):
+        seq = torch.cat((seq, model(seq[None])[0, -1].argmax()[None]))
+    return seq[len(prompt):]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_cache_gives_the_same_tokens(pos, variant):
+    model = make_model(pos, **VARIANTS[variant])
+    prompts = make_prompts()
+    cached = generate(model, prompts, max_new_tokens=8, use_cache=True)
+    uncached = generate(model, prompts, max_new_tokens=8, use_cache=False)
+    assert cached.shape == (3, 8)
+    assert torch.equal(cached, uncached)
+    for row, prompt in enumerate(prompts):
+        assert torch.equal(cached[row], greedy_alone(model, prompt, 8)), f"row {row}"
+    assert len(set(cached.flatten().tolist())) > 1  # not a degenerate constant output
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pos", ["rope", "alibi", "t5_bias"])
+def test_cached_logits_match_full_forward(pos, variant):
+    """Step-by-step logits with the cache equal the logits of one full forward pass, and the cache
+    of local attention never holds more than `window` keys."""
+    model = make_model(pos, **VARIANTS[variant])
+    window = VARIANTS[variant].get("window")
+    idx = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(idx)
+        cache = model.new_cache()
+        first = model(idx[:, :5], cache=cache)
+        torch.testing.assert_close(first, full[:, :5], rtol=1e-10, atol=1e-10)
+        for t in range(5, 12):
+            if window is not None:
+                for k, v in zip(cache.keys, cache.values):
+                    assert k.shape[2] <= window and v.shape[2] <= window
+            step = model(idx[:, t:t + 1], cache=cache)
+            torch.testing.assert_close(step[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
+        expected = min(12, window) if window is not None else 12
+        assert all(k.shape[2] == expected for k in cache.keys)
+
+
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_local_cache_never_exceeds_the_window(pos):
+    model = make_model(pos, window=3)
+    cache = model.new_cache()
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        model(torch.randint(0, V, (2, 6), generator=g), positions=torch.arange(6).expand(2, 6), cache=cache)
+        for _ in range(10):
+            assert len(cache.keys) == 2
+            for k, v in zip(cache.keys, cache.values):
+                assert k.shape == v.shape == (2, 4, 3, 8)
+            model(torch.randint(0, V, (2, 1), generator=g), cache=cache)
+
+
+def test_eos_stops_a_row_and_pads_after_it():
+    model = make_model("rope")
+    prompts = make_prompts()
+    free = generate(model, prompts, max_new_tokens=8)
+    eos = int(free[0, 2])
+    first = (free[0] == eos).nonzero()[0, 0]  # where row 0 first emits it
+    out = generate(model, prompts, max_new_tokens=8, eos_id=eos, pad_id=0)
+    assert torch.equal(out[0, :first + 1], free[0, :first + 1])
+    assert bool((out[0, first + 1:] == 0).all())
+    for row in range(3):
+        hits = (free[row] == eos).nonzero()
+        stop = int(hits[0, 0]) + 1 if len(hits) else out.shape[1]
+        assert torch.equal(out[row, :stop], free[row, :stop])
+        assert bool((out[row, stop:] == 0).all())
