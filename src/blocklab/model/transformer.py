@@ -44,9 +44,10 @@ class Transformer(nn.Module):
             start = cache.positions[:, -1:] + 1 if cache is not None and cache.positions is not None else 0
             positions = start + torch.arange(length, device=device)[None]
         q_index = torch.arange(offset, offset + length, device=device)
+        if cache is not None:
+            positions = positions.expand(batch, length)  # the cache keeps one row per sequence
         k_index, k_positions, key_valid = q_index, positions, valid
         if cache is not None:
-            positions = positions.expand(batch, length)
             if valid is None:
                 valid = torch.ones(batch, length, dtype=torch.bool, device=device)
             if cache.index is not None:

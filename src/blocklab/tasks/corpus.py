@@ -89,8 +89,13 @@ def _load_text_files(files: list[Path], encoding_errors: str, cache_dir: Path) -
     try:
         ds = load_dataset("text", data_files={"train": [str(f) for f in files]}, sample_by="document",
                           encoding_errors=encoding_errors, cache_dir=str(cache_dir / "datasets"))
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"task.data.path: the text is not valid UTF-8 ({err.reason} at byte {err.start}); "
+    except Exception as err:  # datasets wraps the decoding error in its own
+        cause = err
+        while cause is not None and not isinstance(cause, UnicodeDecodeError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise ConfigError(f"task.data.path: the text is not valid UTF-8 ({cause.reason} at byte {cause.start}); "
                           "convert it to UTF-8 or set task.data.encoding_errors=replace") from None
     return "\n\n".join(ds["train"]["text"])
 
