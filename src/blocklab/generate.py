@@ -7,17 +7,17 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from blocklab.model import ModelConfig, Transformer
+from blocklab.model import ModelConfig, build_model
 from blocklab.model.generate import generate
 from blocklab.train.results import CHECKPOINT, MODEL_FILE, TOKENIZER_FILE
 
 
-def load_run(run_dir: Path) -> tuple[Transformer, Tokenizer]:
+def load_run(run_dir: Path) -> tuple[torch.nn.Module, Tokenizer]:
     """The trained model and its tokenizer, from the files every run writes."""
     missing = [name for name in (MODEL_FILE, TOKENIZER_FILE, CHECKPOINT) if not (run_dir / name).exists()]
     if missing:
         raise SystemExit(f"error: {run_dir} is not a finished BlockLab run (missing {', '.join(map(str, missing))})")
-    model = Transformer(ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text())))
+    model = build_model(ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text())))
     state = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)["state_dict"]
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
     return model.eval(), Tokenizer.from_file(str(run_dir / TOKENIZER_FILE))
@@ -40,7 +40,8 @@ def main(argv=None) -> None:
         ids = [eos if eos is not None else 0]  # an empty prompt starts from a boundary token
     out = generate(model, [torch.tensor(ids)], args.max_new_tokens, eos_id=eos, pad_id=tokenizer.token_to_id("<pad>") or 0,
                    temperature=args.temperature, top_k=args.top_k,
-                   generator=torch.Generator().manual_seed(args.seed), use_cache=not args.no_cache)
+                   generator=torch.Generator().manual_seed(args.seed), use_cache=not args.no_cache,
+                   bos_id=tokenizer.token_to_id("<bos>"))
     new = out[0].tolist()
     if eos in new:
         new = new[: new.index(eos) + 1]

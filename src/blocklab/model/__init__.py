@@ -1,4 +1,4 @@
 from blocklab.model.config import ModelConfig
-from blocklab.model.transformer import Transformer
+from blocklab.model.transformer import EncoderDecoder, Transformer, build_model
 
-__all__ = ["ModelConfig", "Transformer"]
+__all__ = ["ModelConfig", "Transformer", "EncoderDecoder", "build_model"]

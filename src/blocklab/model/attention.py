@@ -13,7 +13,8 @@ from blocklab.model.position import PositionScheme
 
 @dataclass
 class KVCache:
-    """Keys/values per layer plus what the mask needs to know about each cached key."""
+    """Keys/values per layer plus what the mask needs to know about each cached key.
+    Encoder-decoder models also keep the encoder output and each layer's cross-attention K/V."""
 
     window: int | None = None
     keys: list = field(default_factory=list)
@@ -21,19 +22,24 @@ class KVCache:
     index: Tensor | None = None  # (Tc,) absolute index of each cached key, for causality/window
     positions: Tensor | None = None  # (B, Tc) position ids, for position biases
     valid: Tensor | None = None  # (B, Tc) False where the key is padding
+    memory: Tensor | None = None  # encoder output (B, S, D)
+    memory_valid: Tensor | None = None
+    cross: dict = field(default_factory=dict)  # layer -> (k, v) of the memory
 
     @property
     def next_index(self) -> int:
         return 0 if self.index is None else int(self.index[-1]) + 1
 
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        tensors = self.keys + self.values + [t for kv in self.cross.values() for t in kv]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
-    def trim(self):
-        """Local attention only ever looks `window` keys back, so older ones can go."""
+    def commit(self, ctx: "AttentionContext") -> None:
+        """After a forward pass: remember the new keys' bookkeeping, drop what a window never sees."""
+        self.index, self.positions, self.valid = ctx.k_index, ctx.k_positions, ctx.k_valid
         if self.window is None or self.index.numel() <= self.window:
             return
-        keep = slice(-self.window, None)
+        keep = slice(-self.window, None)  # local attention only ever looks `window` keys back
         self.keys = [k[:, :, keep] for k in self.keys]
         self.values = [v[:, :, keep] for v in self.values]
         self.index, self.positions, self.valid = self.index[keep], self.positions[:, keep], self.valid[:, keep]
@@ -49,6 +55,46 @@ class AttentionContext:
     is_causal: bool
     cache: KVCache | None = None
     need_weights: bool = False
+    # Bookkeeping of all keys (cached + new) that the cache stores after the pass.
+    k_index: Tensor | None = None
+    k_positions: Tensor | None = None
+    k_valid: Tensor | None = None
+
+
+def self_attention_context(idx: Tensor, positions: Tensor | None, valid: Tensor | None, cache: KVCache | None,
+                           scheme: PositionScheme, causal: bool, window: int | None,
+                           need_weights: bool = False) -> AttentionContext:
+    """Positions, mask and position bias for self-attention over `idx` (the new tokens), continuing
+    from the cache if there is one. Positions default to 0..T-1, or to the cache's next ones."""
+    batch, length = idx.shape
+    device = idx.device
+    if positions is None:
+        start = cache.positions[:, -1:] + 1 if cache is not None and cache.positions is not None else 0
+        positions = start + torch.arange(length, device=device)[None]
+    offset = cache.next_index if cache is not None else 0
+    q_index = torch.arange(offset, offset + length, device=device)
+    if cache is not None:
+        positions = positions.expand(batch, length)  # the cache keeps one row per sequence
+        if valid is None:
+            valid = torch.ones(batch, length, dtype=torch.bool, device=device)
+    k_index, k_positions, key_valid = q_index, positions, valid
+    if cache is not None and cache.index is not None:
+        k_index = torch.cat((cache.index, q_index))
+        k_positions = torch.cat((cache.positions, positions), dim=1)
+        key_valid = torch.cat((cache.valid, valid), dim=1)
+    mask_valid = None if key_valid is None or bool(key_valid.all()) else key_valid  # no padding: fast path
+    mask, is_causal = build_mask(q_index, k_index, causal, window, mask_valid, scheme.bias(positions, k_positions))
+    return AttentionContext(positions, scheme, mask, is_causal, cache, need_weights, k_index, k_positions, key_valid)
+
+
+def cross_attention_context(memory_valid: Tensor | None, scheme: PositionScheme, cache: KVCache | None,
+                            need_weights: bool = False) -> AttentionContext:
+    """Decoder queries see every valid encoder position; positions are already in the memory."""
+    mask = None
+    if memory_valid is not None and not bool(memory_valid.all()):
+        mask = torch.zeros(memory_valid.shape, dtype=torch.float32, device=memory_valid.device)
+        mask = mask.masked_fill(~memory_valid, float("-inf"))[:, None, None, :]
+    return AttentionContext(torch.zeros(1, 1, dtype=torch.long), scheme, mask, False, cache, need_weights)
 
 
 def build_mask(
@@ -92,15 +138,13 @@ class Attention(nn.Module):
         qk_norm: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
-        causal: bool = True,
-        window: int | None = None,
     ):
         super().__init__()
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
         self.d_head = d_model // n_heads
         self.scale = 1 / math.sqrt(self.d_head) if scale is None else scale
-        self.causal, self.window, self.dropout = causal, window, dropout
+        self.dropout = dropout  # causality, windows and padding arrive as the context's mask
         self.q_proj = nn.Linear(d_model, n_heads * self.d_head, bias=bias)
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=bias)
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=bias)
@@ -113,19 +157,17 @@ class Attention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, n, self.d_head).transpose(1, 2)
 
-    def forward(self, x: Tensor, ctx: AttentionContext, layer: int = 0) -> Tensor:
+    def forward(self, x: Tensor, ctx: AttentionContext, layer: int = 0, memory: Tensor | None = None) -> Tensor:
+        """Self-attention over x, or cross-attention from x to `memory` (the encoder output)."""
         q = self.q_norm(self._heads(self.q_proj(x), self.n_heads))
-        k = self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads))
-        v = self._heads(self.v_proj(x), self.n_kv_heads)
-        q, k = ctx.position_scheme.rotate(q, k, ctx.positions)
-        if ctx.cache is not None:
-            if layer < len(ctx.cache.keys):
-                k = torch.cat((ctx.cache.keys[layer], k), dim=2)
-                v = torch.cat((ctx.cache.values[layer], v), dim=2)
-                ctx.cache.keys[layer], ctx.cache.values[layer] = k, v
-            else:
-                ctx.cache.keys.append(k)
-                ctx.cache.values.append(v)
+        if memory is not None:
+            k, v = self._memory_kv(memory, ctx.cache, layer)
+        else:
+            k = self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads))
+            v = self._heads(self.v_proj(x), self.n_kv_heads)
+            q, k = ctx.position_scheme.rotate(q, k, ctx.positions)
+            if ctx.cache is not None:
+                k, v = self._extend_cache(ctx.cache, layer, k, v)
         dropout = self.dropout if self.training else 0.0
         if ctx.need_weights:
             y, self.last_weights = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
@@ -135,6 +177,27 @@ class Attention(nn.Module):
                 scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads,
             )
         return self.out_proj(y.transpose(1, 2).flatten(2))
+
+    def _memory_kv(self, memory: Tensor, cache: KVCache | None, layer: int) -> tuple[Tensor, Tensor]:
+        if cache is not None and layer in cache.cross:
+            return cache.cross[layer]
+        k = self.k_norm(self._heads(self.k_proj(memory), self.n_kv_heads))
+        v = self._heads(self.v_proj(memory), self.n_kv_heads)
+        if cache is not None:
+            cache.cross[layer] = (k, v)
+        return k, v
+
+    @staticmethod
+    def _extend_cache(cache: KVCache, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's (already rotated) keys and values; return all of them."""
+        if layer < len(cache.keys):
+            k = torch.cat((cache.keys[layer], k), dim=2)
+            v = torch.cat((cache.values[layer], v), dim=2)
+            cache.keys[layer], cache.values[layer] = k, v
+        else:
+            cache.keys.append(k)
+            cache.values.append(v)
+        return k, v
 
     def explicit(self, q, k, v, mask, is_causal, dropout) -> tuple[Tensor, Tensor]:
         """softmax(q k^T * scale + mask) v, written out so the weights can be returned."""

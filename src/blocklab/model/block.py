@@ -30,18 +30,28 @@ class Residual(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, layer: int):
+    """Self-attention, optionally cross-attention to an encoder's output, then the FFN."""
+
+    def __init__(self, cfg, layer: int, cross: bool = False):
         super().__init__()
         self.layer = layer
-        norm, attn = cfg.norm, cfg.attn
-        wrap = dict(placement=norm.placement, norm_type=norm.type, dim=cfg.d_model, eps=norm.eps,
+        wrap = dict(placement=cfg.norm.placement, norm_type=cfg.norm.type, dim=cfg.d_model, eps=cfg.norm.eps,
                     bias=cfg.bias, dropout=cfg.dropout, residual=cfg.residual, alpha=cfg.residual_alpha)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, attn.n_kv_heads, attn.scale_value(cfg.d_head),
-                              attn.qk_norm, cfg.dropout, cfg.bias, attn.causal, attn.window)
+        self.attn = self._attention(cfg)
         self.attn_residual = Residual(self.attn, **wrap)
+        self.cross_attn = self._attention(cfg) if cross else None
+        self.cross_residual = Residual(self.cross_attn, **wrap) if cross else None
         self.ffn = FFN(cfg.d_model, cfg.d_ff, cfg.act.name, cfg.act.match_params, cfg.dropout, cfg.bias) if cfg.ffn else None
         self.ffn_residual = Residual(self.ffn, **wrap) if cfg.ffn else None
 
-    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
+    @staticmethod
+    def _attention(cfg) -> Attention:
+        return Attention(cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head),
+                         cfg.attn.qk_norm, cfg.dropout, cfg.bias)
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cross_ctx: AttentionContext | None = None,
+                memory: Tensor | None = None) -> Tensor:
         x = self.attn_residual(x, ctx, self.layer)
+        if self.cross_residual is not None:
+            x = self.cross_residual(x, cross_ctx, self.layer, memory)
         return self.ffn_residual(x) if self.ffn_residual is not None else x

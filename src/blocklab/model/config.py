@@ -13,6 +13,7 @@ from blocklab.model.position import POSITION_SCHEMES
 from blocklab.model.init import INIT_FUNCTIONS
 
 INIT_SCHEMES = tuple(INIT_FUNCTIONS)
+ARCHS = ("decoder", "encoder_decoder")
 
 
 @dataclass
@@ -66,6 +67,7 @@ class InitConfig:
 
 @dataclass
 class ModelConfig:
+    arch: str = "decoder"  # or encoder_decoder
     vocab_size: int = 32
     d_model: int = 64
     n_layers: int = 2
@@ -98,7 +100,7 @@ class ModelConfig:
     @classmethod
     def from_groups(cls, groups: dict, vocab_size: int, max_len: int) -> "ModelConfig":
         """Build from the plain dicts of the yaml groups: model, norm, pos, attn, act, init."""
-        model = {k: v for k, v in groups["model"].items() if k != "arch"}
+        model = dict(groups["model"])
         pos = dict(groups["pos"])
         return cls(
             vocab_size=vocab_size,
@@ -138,6 +140,8 @@ class ModelConfig:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             errs.append(f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}; "
                         f"use one of {divisors}")
+        if self.arch not in ARCHS:
+            errs.append(f"model.arch={self.arch!r} is unknown; use one of {list(ARCHS)}")
         if not 0 <= self.dropout < 1:
             errs.append(f"model.dropout={self.dropout} must be in [0, 1)")
         if self.norm.type not in NORM_TYPES:

@@ -24,19 +24,31 @@ def _next_token(logits: Tensor, temperature: float, top_k: int | None, generator
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
+def right_pad(prompts: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
+    idx, valid = left_pad([p.flip(0) for p in prompts], pad_id)
+    return idx.flip(1), valid.flip(1)
+
+
 @torch.no_grad()
 def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | None = None, pad_id: int = 0,
              temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True) -> Tensor:
+             use_cache: bool = True, bos_id: int | None = None) -> Tensor:
     """Continue each prompt; returns the new tokens (B, <= max_new_tokens), `pad_id` after a row's EOS.
     temperature 0 is greedy. Rows of different lengths are left-padded with explicit positions,
-    so each row is decoded exactly as it would be alone."""
-    idx, valid = left_pad(prompts, pad_id)
+    so each row is decoded exactly as it would be alone. An encoder-decoder model reads the
+    prompts as its sources and starts the decoder from `bos_id`."""
     device = next(model.parameters()).device
-    idx, valid = idx.to(device), valid.to(device)
+    if model.is_encoder_decoder:
+        source, source_valid = (t.to(device) for t in right_pad(prompts, pad_id))
+        extra = {"source": source, "source_valid": source_valid}
+        idx = torch.full((len(prompts), 1), bos_id, dtype=torch.long, device=device)
+        valid = torch.ones_like(idx, dtype=torch.bool)
+    else:
+        extra = {}
+        idx, valid = (t.to(device) for t in left_pad(prompts, pad_id))
     positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
     cache = model.new_cache() if use_cache else None
-    logits = model(idx, positions, valid, cache)
+    logits = model(idx, positions, valid, cache, **extra)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     out = []
     for step in range(max_new_tokens):
@@ -55,5 +67,5 @@ def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | No
             idx = torch.cat((idx, token[:, None]), dim=1)
             positions = torch.cat((positions, positions[:, -1:] + 1), dim=1)
             valid = torch.cat((valid, torch.ones_like(valid[:, :1])), dim=1)
-            logits = model(idx, positions, valid)
+            logits = model(idx, positions, valid, **extra)
     return torch.stack(out, dim=1) if out else torch.empty(len(prompts), 0, dtype=torch.long, device=device)

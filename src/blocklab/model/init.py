@@ -4,6 +4,8 @@ import math
 
 from torch import nn
 
+from blocklab.model.attention import Attention
+from blocklab.model.ffn import FFN
 from blocklab.model.norm import deepnorm_beta
 
 
@@ -20,21 +22,17 @@ def _normal(model, std: float):
 
 def branch_outputs(model) -> list[nn.Linear]:
     """The projections that write into the residual stream: attention out and FFN out."""
-    outs = []
-    for block in model.blocks:
-        outs.append(block.attn.out_proj)
-        if block.ffn is not None:
-            outs.append(block.ffn.out_proj)
-    return outs
+    return [m.out_proj for m in model.modules() if isinstance(m, (Attention, FFN))]
 
 
 def deepnet_scaled(model) -> list[nn.Linear]:
     """DeepNet scales the value, attention-output and FFN matrices by beta (not queries/keys)."""
     layers = []
-    for block in model.blocks:
-        layers += [block.attn.v_proj, block.attn.out_proj]
-        if block.ffn is not None:
-            layers += [block.ffn.in_proj, block.ffn.out_proj]
+    for module in model.modules():
+        if isinstance(module, Attention):
+            layers += [module.v_proj, module.out_proj]
+        elif isinstance(module, FFN):
+            layers += [module.in_proj, module.out_proj]
     return layers
 
 

@@ -1,8 +1,7 @@
-"""Decoder-only Transformer assembled from the configured parts."""
-import torch
+"""The models: decoder-only (default) and the original encoder-decoder, from the configured parts."""
 from torch import Tensor, nn
 
-from blocklab.model.attention import AttentionContext, KVCache, build_mask
+from blocklab.model.attention import KVCache, cross_attention_context, self_attention_context
 from blocklab.model.block import Block
 from blocklab.model.config import ModelConfig
 from blocklab.model.init import apply_init
@@ -10,7 +9,17 @@ from blocklab.model.norm import build_norm, has_final_norm
 from blocklab.model.position import build_position
 
 
+def _final_norm(cfg: ModelConfig) -> nn.Module:
+    # Pre-norm stacks leave the residual stream unnormalized, so the output gets one last norm.
+    return build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias) if has_final_norm(cfg.norm.placement) \
+        else nn.Identity()
+
+
 class Transformer(nn.Module):
+    """Decoder-only language model."""
+
+    is_encoder_decoder = False
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -19,8 +28,7 @@ class Transformer(nn.Module):
                                   **cfg.position_options())
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
-        final = has_final_norm(cfg.norm.placement)
-        self.final_norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias) if final else nn.Identity()
+        self.final_norm = _final_norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
@@ -37,38 +45,69 @@ class Transformer(nn.Module):
         """idx (B, T) token ids; positions (B|1, T) position ids (default: continue from the cache,
         or 0..T-1); valid (B, T) False at padding. With a cache, idx holds only the new tokens.
         Returns logits (B, T, vocab), and with need_weights also a list of per-layer (B, H, T, Tk)."""
-        batch, length = idx.shape
-        device = idx.device
-        offset = cache.next_index if cache is not None else 0
-        if positions is None:
-            start = cache.positions[:, -1:] + 1 if cache is not None and cache.positions is not None else 0
-            positions = start + torch.arange(length, device=device)[None]
-        q_index = torch.arange(offset, offset + length, device=device)
-        if cache is not None:
-            positions = positions.expand(batch, length)  # the cache keeps one row per sequence
-        k_index, k_positions, key_valid = q_index, positions, valid
-        if cache is not None:
-            if valid is None:
-                valid = torch.ones(batch, length, dtype=torch.bool, device=device)
-            if cache.index is not None:
-                k_index = torch.cat((cache.index, q_index))
-                k_positions = torch.cat((cache.positions, positions), dim=1)
-                key_valid = torch.cat((cache.valid, valid), dim=1)
-            else:
-                key_valid = valid
-        if key_valid is not None and bool(key_valid.all()):
-            key_valid = None  # no padding: keep SDPA's fast causal path
-        mask, is_causal = build_mask(q_index, k_index, self.cfg.attn.causal, self.cfg.attn.window,
-                                     key_valid, self.pos.bias(positions, k_positions))
-        ctx = AttentionContext(positions, self.pos, mask, is_causal, cache, need_weights)
-        x = self.drop(self.pos.embed(self.tok_emb(idx), positions))
+        ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal,
+                                     self.cfg.attn.window, need_weights)
+        x = self.drop(self.pos.embed(self.tok_emb(idx), ctx.positions))
         for block in self.blocks:
             x = block(x, ctx)
         if cache is not None:
-            cache.index, cache.positions, cache.valid = k_index, k_positions, (
-                key_valid if key_valid is not None else torch.ones(batch, k_index.numel(), dtype=torch.bool, device=device))
-            cache.trim()
+            cache.commit(ctx)
         logits = self.head(self.final_norm(x))
         if need_weights:
             return logits, [block.attn.last_weights for block in self.blocks]
         return logits
+
+
+class EncoderDecoder(Transformer):
+    """Vaswani et al.: a bidirectional encoder reads the source; a causal decoder with
+    cross-attention writes the target. Token embeddings (and the output head) are shared."""
+
+    is_encoder_decoder = True
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)  # the decoder: embeddings, causal blocks, head
+        self.blocks = nn.ModuleList(Block(cfg, layer, cross=True) for layer in range(cfg.n_layers))
+        self.enc_pos = build_position(cfg.pos.name, cfg.d_model, cfg.n_heads, cfg.d_head, False,
+                                      **cfg.position_options())
+        self.encoder = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.enc_norm = _final_norm(cfg)
+        apply_init(self, cfg)
+
+    def encode(self, source: Tensor, source_valid: Tensor | None = None, need_weights: bool = False) -> Tensor:
+        """Bidirectional pass over right-padded sources (padding is never attended to)."""
+        ctx = self_attention_context(source, None, source_valid, None, self.enc_pos, False, self.cfg.attn.window,
+                                     need_weights)
+        x = self.drop(self.enc_pos.embed(self.tok_emb(source), ctx.positions))
+        for block in self.encoder:
+            x = block(x, ctx)
+        return self.enc_norm(x)
+
+    def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
+                cache: KVCache | None = None, need_weights: bool = False, source: Tensor | None = None,
+                source_valid: Tensor | None = None):
+        """As the decoder-only forward, plus the source; with a cache the source is encoded once."""
+        if cache is not None and cache.memory is not None:
+            memory, source_valid = cache.memory, cache.memory_valid
+        else:
+            memory = self.encode(source, source_valid)
+            if cache is not None:
+                cache.memory, cache.memory_valid = memory, source_valid
+        ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal,
+                                     self.cfg.attn.window, need_weights)
+        cross_ctx = cross_attention_context(source_valid, self.pos, cache, need_weights)
+        x = self.drop(self.pos.embed(self.tok_emb(idx), ctx.positions))
+        for block in self.blocks:
+            x = block(x, ctx, cross_ctx, memory)
+        if cache is not None:
+            cache.commit(ctx)
+        logits = self.head(self.final_norm(x))
+        if need_weights:
+            return logits, [block.attn.last_weights for block in self.blocks]
+        return logits
+
+
+ARCHITECTURES = {"decoder": Transformer, "encoder_decoder": EncoderDecoder}
+
+
+def build_model(cfg: ModelConfig) -> Transformer:
+    return ARCHITECTURES[cfg.arch](cfg)

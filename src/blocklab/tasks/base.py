@@ -12,7 +12,7 @@ from torch.utils.data import IterableDataset
 
 from blocklab.model.generate import generate
 
-PAD, EOS = "<pad>", "<eos>"
+PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"  # BOS starts an encoder-decoder's target
 IGNORE = -100  # cross-entropy ignore_index: no loss on prompt or padding
 
 
@@ -23,19 +23,40 @@ class Example:
 
 
 def collate(examples: list[Example], pad_id: int) -> dict[str, Tensor]:
-    """Right-pad `prompt + answer`; the model reads it shifted by one and is scored on the answer only."""
-    width = max(len(e.prompt) + len(e.answer) for e in examples) - 1
-    inputs = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    targets = torch.full((len(examples), width), IGNORE, dtype=torch.long)
-    valid = torch.zeros(len(examples), width, dtype=torch.bool)
+    """Decoder-only: right-pad `prompt + answer`; the model reads it shifted by one and is scored
+    on the answer only."""
+    return _shifted([e.prompt + e.answer for e in examples], [len(e.prompt) - 1 for e in examples], pad_id)
+
+
+def collate_seq2seq(examples: list[Example], pad_id: int, bos_id: int) -> dict[str, Tensor]:
+    """Encoder-decoder: the prompt is the source; the decoder reads `BOS answer` shifted by one."""
+    batch = _shifted([[bos_id] + e.answer for e in examples], [0] * len(examples), pad_id)
+    width = max(len(e.prompt) for e in examples)
+    batch["source"] = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    batch["source_valid"] = torch.zeros(len(examples), width, dtype=torch.bool)
     for row, e in enumerate(examples):
-        seq = e.prompt + e.answer
+        batch["source"][row, :len(e.prompt)] = torch.tensor(e.prompt)
+        batch["source_valid"][row, :len(e.prompt)] = True
+    return batch
+
+
+def _shifted(sequences: list[list[int]], first_scored: list[int], pad_id: int) -> dict[str, Tensor]:
+    """Inputs seq[:-1], targets seq[1:] from position `first_scored` on, right-padded and masked."""
+    width = max(len(seq) for seq in sequences) - 1
+    inputs = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    targets = torch.full((len(sequences), width), IGNORE, dtype=torch.long)
+    valid = torch.zeros(len(sequences), width, dtype=torch.bool)
+    for row, (seq, start) in enumerate(zip(sequences, first_scored)):
         n = len(seq) - 1
         inputs[row, :n] = torch.tensor(seq[:-1])
         valid[row, :n] = True
-        start = len(e.prompt) - 1  # the position whose next token is the first answer token
-        targets[row, start:n] = torch.tensor(e.answer)
+        targets[row, start:n] = torch.tensor(seq[start + 1:])
     return {"input": inputs, "target": targets, "valid": valid}
+
+
+def model_inputs(batch: dict) -> dict:
+    """The keyword arguments a model takes from a batch (encoder-decoder batches carry a source)."""
+    return {key: batch[key] for key in ("valid", "source", "source_valid") if key in batch}
 
 
 def default_eval_lengths(min_len: int, max_len: int) -> list[int]:
@@ -50,10 +71,11 @@ class SequenceTask:
     name = "base"
 
     def __init__(self, symbols: list[str], min_len: int, max_len: int, eval_lengths: list[int] | None,
-                 batch_size: int, eval_examples: int, eval_seed: int, seed: int):
-        self.tokens = [PAD, EOS, *symbols]
+                 batch_size: int, eval_examples: int, eval_seed: int, seed: int, seq2seq: bool = False):
+        self.tokens = [PAD, EOS, BOS, *symbols]
         self.ids = {t: i for i, t in enumerate(self.tokens)}
-        self.pad_id, self.eos_id = self.ids[PAD], self.ids[EOS]
+        self.pad_id, self.eos_id, self.bos_id = self.ids[PAD], self.ids[EOS], self.ids[BOS]
+        self.seq2seq = seq2seq  # batches for an encoder-decoder model
         self.min_len, self.max_len = min_len, max_len
         self.eval_lengths = list(eval_lengths) if eval_lengths else default_eval_lengths(min_len, max_len)
         self.batch_size, self.eval_examples = batch_size, eval_examples
@@ -98,6 +120,9 @@ class SequenceTask:
         longest = max(self.eval_lengths + [self.max_len])
         return self.max_prompt_len(longest) + self.max_answer_len(longest) - 1
 
+    def collate(self, examples: list[Example]) -> dict[str, Tensor]:
+        return collate_seq2seq(examples, self.pad_id, self.bos_id) if self.seq2seq else collate(examples, self.pad_id)
+
     def in_distribution(self, length: int) -> bool:
         return self.min_len <= length <= self.max_len
 
@@ -131,7 +156,7 @@ class SequenceTask:
 
     def validation_batches(self, batch_size: int = 256) -> list[dict]:
         """The fixed eval sets as padded batches, each tagged with its length."""
-        return [{**collate(part, self.pad_id), "length": length}
+        return [{**self.collate(part), "length": length}
                 for length in self.eval_lengths for part in _chunks(self.eval_set(length), batch_size)]
 
     def evaluate(self, model) -> list[dict]:
@@ -146,14 +171,14 @@ class SequenceTask:
         loss_sum = correct = tokens = exact = 0
         examples = self.eval_set(length)
         for part in _chunks(examples, batch_size):
-            batch = collate(part, self.pad_id)
-            logits = model(batch["input"], valid=batch["valid"])
+            batch = self.collate(part)
+            logits = model(batch["input"], **model_inputs(batch))
             scored = batch["target"] != IGNORE
             loss_sum += F.cross_entropy(logits[scored], batch["target"][scored], reduction="sum").item()
             correct += (logits.argmax(-1)[scored] == batch["target"][scored]).sum().item()
             tokens += scored.sum().item()
             generated = generate(model, [torch.tensor(e.prompt) for e in part], self.max_answer_len(length),
-                                 eos_id=self.eos_id, pad_id=self.pad_id)
+                                 eos_id=self.eos_id, pad_id=self.pad_id, bos_id=self.bos_id)
             exact += sum(row[:len(e.answer)] == e.answer for row, e in zip(generated.tolist(), part))
         model.train(was_training)
         loss = loss_sum / tokens
@@ -183,4 +208,4 @@ class TrainStream(IterableDataset):
         rng = random.Random(f"{task.seed}/{task.name}/train")
         while True:
             examples = [task.sample(rng, rng.randint(task.min_len, task.max_len)) for _ in range(task.batch_size)]
-            yield collate(examples, task.pad_id)
+            yield task.collate(examples)

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import grad_norm
 from torchmetrics import MeanMetric
 
-from blocklab.model import ModelConfig, Transformer
-from blocklab.tasks.base import IGNORE
+from blocklab.model import ModelConfig, build_model
+from blocklab.tasks.base import IGNORE, model_inputs
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -25,7 +25,7 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 class LitTransformer(L.LightningModule):
     def __init__(self, model_cfg: ModelConfig, optim: dict, in_distribution: list[int] | None = None):
         super().__init__()
-        self.model = Transformer(model_cfg)
+        self.model = build_model(model_cfg)
         self.optim = optim
         self.in_distribution = set(in_distribution or [])
         self.val_loss = MeanMetric()
@@ -39,7 +39,7 @@ class LitTransformer(L.LightningModule):
         return self.model(idx, **kwargs)
 
     def batch_loss(self, batch, reduction: str = "mean"):
-        logits = self.model(batch["input"], valid=batch["valid"])
+        logits = self.model(batch["input"], **model_inputs(batch))
         return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE,
                                reduction=reduction)
 

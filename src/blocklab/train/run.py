@@ -14,12 +14,12 @@ from torch.utils.data import DataLoader
 
 from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig
+from blocklab.model.config import ARCHS
 from blocklab.tasks import build_task, task_errors
 from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
 from blocklab.train.module import LitTransformer
 from blocklab.train.results import CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, write_results
 
-ARCHS = ("decoder",)
 
 # Lightning advertises its cloud products on every run; keep the console for the experiment.
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
@@ -32,9 +32,6 @@ def _positive(value) -> bool:
 
 def training_errors(groups: dict) -> list[str]:
     errs = []
-    arch = groups["model"].get("arch", "decoder")
-    if arch not in ARCHS:
-        errs.append(f"model.arch={arch!r} is unknown; use one of {list(ARCHS)}")
     steps = groups["trainer"].get("max_steps")
     if not isinstance(steps, int) or steps <= 0:
         errs.append(f"trainer.max_steps={steps!r} must be a positive integer")
@@ -72,10 +69,13 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 def prepare(cfg: DictConfig):
     """Everything that can fail on bad input, before any file is written."""
     groups = OmegaConf.to_container(cfg, resolve=True)
-    errors = task_errors(groups["task"]) + training_errors(groups)
+    arch = groups["model"]["arch"]
+    if arch not in ARCHS:
+        raise ConfigError(f"model.arch={arch!r} is unknown; use one of {list(ARCHS)}")
+    errors = task_errors(groups["task"], arch) + training_errors(groups)
     if errors:
         raise ConfigError("\n".join(errors))
-    task = build_task(groups["task"], groups["seed"])
+    task = build_task(groups["task"], groups["seed"], arch)
     model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len)
     errors = model_cfg.errors()
     if errors:
