@@ -66,6 +66,7 @@ def test_choices_are_named_by_what_the_model_computes(tmp_path):
     ("optim.min_lr=1.0", "optim.min_lr=1.0 must be between 0 and optim.lr"),
     ("optim.warmup_steps=-5", "optim.warmup_steps=-5 must be a non-negative integer"),
     ("model.arch=transformer_xl", "model.arch='transformer_xl' is unknown"),
+    ("model.arch=encoder_decoder task=lm", "model.arch=encoder_decoder needs a source/target task"),
 ])
 def test_bad_config_raises_one_line_naming_the_key(overrides, message, tmp_path):
     run_dir = tmp_path / "run"

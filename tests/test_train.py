@@ -38,6 +38,8 @@ ISSUE_COMBINATIONS = [
     "attn.scale=none attn.qk_norm=true",
     "attn.causal=false pos=t5_bias",
     "task=addition task.pad_operands=true task.reverse_answer=false pos=learned",
+    "model.arch=encoder_decoder task=addition pos=t5_bias norm=post_ln",
+    "model.arch=encoder_decoder pos=learned attn=gqa act=swiglu",
 ]
 SINGLE_OPTIONS = [f"{group}={option}" for group, names in {
     "norm": ["post_ln", "pre_rms", "sandwich_ln", "deepnorm", "none"],
@@ -102,6 +104,13 @@ def test_cli_tiny_model_learns_copy(tmp_path):
     inside = [r for r in results["eval"] if r["in_distribution"]]
     assert min(r["exact_match"] for r in inside) >= 0.95, results["eval"]
     assert "exact match" in proc.stdout and "trained on" in proc.stdout  # the summary table
+
+
+def test_encoder_decoder_learns_copy(run_dir):
+    run_in_process(["logger=none", "model.arch=encoder_decoder", "trainer.max_steps=600", "trainer.val_check_interval=300",
+                    "task.max_len=8", "task.eval_lengths=[4,8]", "task.eval_examples=64"], run_dir)
+    results = read_results(run_dir)
+    assert min(r["exact_match"] for r in results["eval"]) >= 0.95, results["eval"]
 
 
 def test_wandb_offline_run_holds_config_and_metrics(tmp_path):

@@ -151,6 +151,7 @@ def run(cfg: DictConfig) -> float | None:
         "steps": trainer.global_step,
         "train_time_s": round(train_time, 3),
         "tokens_per_s": lit.tokens_seen / lit.step_time_s if lit.step_time_s else 0.0,
+        "ms_per_step": 1000 * lit.step_time_s / max(1, trainer.global_step),
         "final_train_loss": lit.last_train_loss,
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": guard.diverged_at_step,
