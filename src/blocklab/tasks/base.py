@@ -154,6 +154,10 @@ class SequenceTask:
     def train_batches(self) -> "TrainStream":
         return TrainStream(self)
 
+    def probe_batch(self, n: int) -> dict:
+        """A fixed batch for diagnostics: the longest training length (same length, so no padding)."""
+        return self.collate(self.eval_set(self.max_len)[:n])
+
     def validation_batches(self, batch_size: int = 256) -> list[dict]:
         """The fixed eval sets as padded batches, each tagged with its length."""
         return [{**self.collate(part), "length": length}

@@ -112,6 +112,11 @@ class LMTask:
             yield {"input": w[:, :-1], "target": w[:, 1:], "valid": torch.ones_like(w[:, :-1], dtype=torch.bool),
                    "length": length}
 
+    def probe_batch(self, n: int) -> dict:
+        """A fixed batch for diagnostics: the first n validation windows of the training context."""
+        w = self.windows(self.block_size)[:n]
+        return {"input": w[:, :-1], "target": w[:, 1:], "valid": torch.ones_like(w[:, :-1], dtype=torch.bool)}
+
     def validation_batches(self) -> list[dict]:
         return list(self._batches(self.block_size))
 

@@ -17,6 +17,7 @@ from blocklab.model import ModelConfig
 from blocklab.model.config import ARCHS
 from blocklab.tasks import build_task, task_errors
 from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
+from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.module import LitTransformer
 from blocklab.train.results import CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, write_results
 
@@ -42,6 +43,14 @@ def training_errors(groups: dict) -> list[str]:
         errs.append(f"optim.min_lr={optim.get('min_lr')!r} must be between 0 and optim.lr={optim['lr']}")
     if not isinstance(optim.get("warmup_steps"), int) or optim["warmup_steps"] < 0:
         errs.append(f"optim.warmup_steps={optim.get('warmup_steps')!r} must be a non-negative integer")
+    diag = groups["diagnostics"]
+    if diag.get("enabled"):
+        if not isinstance(diag.get("every_n_steps"), int) or diag["every_n_steps"] <= 0:
+            errs.append(f"diagnostics.every_n_steps={diag.get('every_n_steps')!r} must be a positive integer")
+        if not isinstance(diag.get("probe_examples"), int) or diag["probe_examples"] <= 0:
+            errs.append(f"diagnostics.probe_examples={diag.get('probe_examples')!r} must be a positive integer")
+        if diag.get("attention_maps") not in ("none", "end", "all"):
+            errs.append(f"diagnostics.attention_maps={diag.get('attention_maps')!r} must be none, end or all")
     if not isinstance(groups.get("seed"), int):
         errs.append(f"seed={groups.get('seed')!r} must be an integer")
     return errs
@@ -132,6 +141,12 @@ def run(cfg: DictConfig) -> float | None:
     callbacks = [guard, StepProgressBar(), ModelCheckpoint(dirpath=run_dir / CHECKPOINT.parent, save_last=True, save_top_k=0)]
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
+    diag_cfg = groups["diagnostics"]
+    diagnostics = None
+    if diag_cfg["enabled"]:
+        diagnostics = Diagnostics(task.probe_batch(diag_cfg["probe_examples"]), run_dir / "diagnostics",
+                                  diag_cfg["every_n_steps"], diag_cfg["sparsity_eps"], diag_cfg["attention_maps"])
+        callbacks.append(diagnostics)
     trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
 
     train_loader = DataLoader(task.train_batches(), batch_size=None)
@@ -158,6 +173,8 @@ def run(cfg: DictConfig) -> float | None:
         "train_lengths": list(task.train_lengths),
         "eval": rows,
     }
+    if diagnostics is not None:
+        results["diagnostics"] = diagnostics.summary()
     path = write_results(run_dir, results)
     if logger and hasattr(logger, "log_table"):
         columns = list(rows[0])

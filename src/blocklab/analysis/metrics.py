@@ -1,0 +1,76 @@
+"""Pure functions from tensors to numbers. Attention weights are (B, H, Tq, Tk) row-stochastic."""
+import math
+
+import torch
+from torch import Tensor
+
+
+def spectral_norms(weights: Tensor) -> Tensor:
+    """||A||_2 (largest singular value) of each example's and head's attention matrix: (B, H)."""
+    return torch.linalg.matrix_norm(weights.double(), ord=2)
+
+
+def generic_bounds(n_keys: int) -> tuple[float, float]:
+    """Any row-stochastic n x n matrix has 1 <= ||A||_2 <= sqrt(n)."""
+    return 1.0, math.sqrt(n_keys)
+
+
+def prenorm_bound(n_keys: int, max_score: float) -> float:
+    """If every attention score lies in [-M, M], each row's weights are within exp(2M) of each other,
+    and ||A||_2 <= sqrt(n / (1 + (n - 1) exp(-2M)))."""
+    return math.sqrt(n_keys / (1 + (n_keys - 1) * math.exp(-2 * max_score)))
+
+
+def attention_entropy(weights: Tensor) -> Tensor:
+    """Mean entropy (nats) of each head's attention rows: (H,)."""
+    return -(weights * weights.clamp_min(1e-12).log()).sum(-1).mean(dim=(0, 2))
+
+
+def attention_distance(weights: Tensor) -> Tensor:
+    """Mean |query index - key index| under each head's attention (self-attention): (H,)."""
+    tq, tk = weights.shape[-2:]
+    offset = (torch.arange(tq)[:, None] + (tk - tq) - torch.arange(tk)[None]).abs().to(weights.dtype)
+    return (weights * offset).sum(-1).mean(dim=(0, 2))
+
+
+def head_similarity(weights: Tensor) -> Tensor:
+    """Cosine similarity between heads' attention patterns (flattened over batch and positions): (H, H)."""
+    flat = weights.transpose(0, 1).flatten(1)
+    flat = flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    return flat @ flat.T
+
+
+def mean_off_diagonal(matrix: Tensor) -> float:
+    n = matrix.shape[0]
+    return float((matrix.sum() - matrix.diagonal().sum()) / (n * (n - 1))) if n > 1 else 0.0
+
+
+def norm_1_inf(x: Tensor) -> Tensor:
+    """Dong et al.'s composite norm sqrt(||X||_1 ||X||_inf) of each (T, D) matrix in a batch."""
+    col = x.abs().sum(-2).amax(-1)  # max column sum
+    row = x.abs().sum(-1).amax(-1)  # max row sum
+    return (col * row).sqrt()
+
+
+def relative_residual(x: Tensor, valid: Tensor | None = None) -> dict[str, float]:
+    """||X - 1 xbar^T|| / ||X|| for token representations X (B, T, D), averaged over the batch:
+    0 when all tokens are the same vector (rank collapse), near 1 for unrelated tokens."""
+    x = x.double()
+    if valid is None:
+        valid = torch.ones(x.shape[:2], dtype=torch.bool)
+    results = {"fro": [], "l1_inf": []}
+    for sample, keep in zip(x, valid):
+        tokens = sample[keep]
+        residual = tokens - tokens.mean(dim=0, keepdim=True)
+        results["fro"].append(float(residual.norm() / tokens.norm().clamp_min(1e-30)))
+        results["l1_inf"].append(float(norm_1_inf(residual) / norm_1_inf(tokens).clamp_min(1e-30)))
+    return {key: sum(values) / len(values) for key, values in results.items()}
+
+
+def sparsity(hidden: Tensor, eps: float) -> float:
+    """Fraction of FFN hidden activations with |h| <= eps."""
+    return float((hidden.abs() <= eps).float().mean())
+
+
+def rms(x: Tensor) -> float:
+    return float(x.double().pow(2).mean().sqrt())

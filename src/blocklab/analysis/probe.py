@@ -1,0 +1,140 @@
+"""Measure a model on a fixed probe batch: per layer and head, what the theory talks about."""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from blocklab.analysis import metrics
+from blocklab.tasks.base import IGNORE, model_inputs
+
+
+def prenorm_score_bounds(model, block) -> list[float] | None:
+    """M per head: the largest |score| a pre-norm attention layer can produce.
+
+    The normalized input has ||x|| <= R = Gamma sqrt(d_model) + ||beta||, so |q_h . k_h| * scale
+    <= scale (sigma(W_Q,h) R + ||b_Q,h||)(sigma(W_K,h) R + ||b_K,h||). With one head, no biases and
+    scale 1/sqrt(d) this is the seed's M = Gamma^2 sigma_Q sigma_K sqrt(d). None where the bound
+    does not apply: post-norm inputs are not normalized, position biases and qk_norm change scores."""
+    cfg = model.cfg
+    if cfg.norm.placement not in ("pre", "sandwich") or cfg.norm.type == "none" or cfg.attn.qk_norm \
+            or cfg.pos.name in ("alibi", "t5_bias"):
+        return None
+    attn, norm = block.attn, block.attn_residual.norm_in
+    gamma = float(norm.weight.abs().max()) if norm.weight is not None else 1.0
+    beta = float(norm.bias.norm()) if getattr(norm, "bias", None) is not None else 0.0
+    radius = gamma * math.sqrt(cfg.d_model) + beta
+    group = attn.n_heads // attn.n_kv_heads
+    bounds = []
+    for head in range(attn.n_heads):
+        rows_q = slice(head * attn.d_head, (head + 1) * attn.d_head)
+        kv = head // group
+        rows_k = slice(kv * attn.d_head, (kv + 1) * attn.d_head)
+        q_max = _row_block_bound(attn.q_proj, rows_q, radius)
+        k_max = _row_block_bound(attn.k_proj, rows_k, radius)
+        bounds.append(attn.scale * q_max * k_max)
+    return bounds
+
+
+def _row_block_bound(linear, rows: slice, radius: float) -> float:
+    sigma = float(torch.linalg.matrix_norm(linear.weight[rows].double(), ord=2))
+    bias = float(linear.bias[rows].norm()) if linear.bias is not None else 0.0
+    return sigma * radius + bias
+
+
+@torch.no_grad()
+def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: bool = False) -> dict:
+    """One forward pass with attention weights and hooks; per-layer statistics (lists over layers)."""
+    was_training = model.training
+    model.eval()
+    blocks = list(model.blocks)
+    outputs, hidden = {}, {}
+    hooks = [b.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, out)) for i, b in enumerate(blocks)]
+    hooks += [b.ffn.out_proj.register_forward_pre_hook(lambda m, a, i=i: hidden.__setitem__(i, a[0]))
+              for i, b in enumerate(blocks) if b.ffn is not None]
+    try:
+        _, weights = model(batch["input"], need_weights=True, **model_inputs(batch))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    valid = batch["valid"]
+    embedded = model.pos.embed(model.tok_emb(batch["input"]), torch.arange(batch["input"].shape[1])[None])
+    layers = []
+    for i, (block, w) in enumerate(zip(blocks, weights)):
+        w = w.double()
+        norms = metrics.spectral_norms(w)  # (B, H)
+        n_keys = w.shape[-1]
+        score_bounds = prenorm_score_bounds(model, block)
+        similarity = metrics.head_similarity(w)
+        x = outputs[i]
+        layers.append({
+            "layer": i,
+            "spectral_norm": norms.mean(0).tolist(),
+            "spectral_norm_max": norms.amax(0).tolist(),
+            "spectral_generic_bound": list(metrics.generic_bounds(n_keys)),
+            "spectral_prenorm_bound": None if score_bounds is None else
+            [metrics.prenorm_bound(n_keys, m) for m in score_bounds],
+            "attention_entropy": metrics.attention_entropy(w).tolist(),
+            "attention_distance": metrics.attention_distance(w).tolist(),
+            "head_similarity": similarity.tolist(),
+            "head_similarity_mean": metrics.mean_off_diagonal(similarity),
+            "relative_residual": metrics.relative_residual(x, valid),
+            "activation_rms": metrics.rms(x[valid]),
+            "ffn_sparsity": metrics.sparsity(hidden[i][valid], sparsity_eps) if i in hidden else None,
+        })
+    stats = {"n_keys": weights[0].shape[-1], "embedding_relative_residual": metrics.relative_residual(embedded, valid),
+             "embedding_rms": metrics.rms(embedded[valid]), "layers": layers}
+    if keep_weights:
+        stats["weights"] = [w[0].float() for w in weights]  # first example, for the heatmaps
+    return stats
+
+
+def sublayer_gradient_norms(model) -> list[dict]:
+    """||grad|| of each layer's attention and FFN weight matrices, from the gradients already there."""
+    def norm(modules):
+        grads = [p.grad for m in modules for p in m.parameters() if p.grad is not None and p.dim() >= 2]
+        return float(torch.sqrt(sum(g.double().pow(2).sum() for g in grads))) if grads else None
+
+    return [{"layer": i, "attn": norm([b.attn]), "ffn": norm([b.ffn]) if b.ffn is not None else None}
+            for i, b in enumerate(list(model.blocks))]
+
+
+def probe_gradients(model, batch: dict) -> list[dict]:
+    """Gradient norms per sublayer for the loss on the probe batch (dropout off); leaves no gradients behind."""
+    was_training = model.training
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        logits = model(batch["input"], **model_inputs(batch))
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE)
+        loss.backward()
+    grads = sublayer_gradient_norms(model)
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    return grads
+
+
+def measure(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: bool = False) -> dict:
+    stats = forward_stats(model, batch, sparsity_eps, keep_weights)
+    stats["gradients"] = probe_gradients(model, batch)
+    return stats
+
+
+def summarize(stats: dict) -> dict:
+    """Scalars for a logger: one value per layer and measure."""
+    flat = {}
+    for layer in stats["layers"]:
+        i = layer["layer"]
+        flat[f"diag/spectral_norm_max/layer{i}"] = max(layer["spectral_norm_max"])
+        flat[f"diag/relative_residual/layer{i}"] = layer["relative_residual"]["fro"]
+        flat[f"diag/activation_rms/layer{i}"] = layer["activation_rms"]
+        flat[f"diag/head_similarity/layer{i}"] = layer["head_similarity_mean"]
+        flat[f"diag/attention_entropy/layer{i}"] = sum(layer["attention_entropy"]) / len(layer["attention_entropy"])
+        if layer["ffn_sparsity"] is not None:
+            flat[f"diag/ffn_sparsity/layer{i}"] = layer["ffn_sparsity"]
+    for grad in stats.get("gradients", []):
+        for part in ("attn", "ffn"):
+            if grad[part] is not None:
+                flat[f"diag/grad_norm_{part}/layer{grad['layer']}"] = grad[part]
+    return flat

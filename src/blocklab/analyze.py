@@ -1,0 +1,93 @@
+"""Diagnostics without training, or of a finished run.
+
+    python -m blocklab.analyze RUN_DIR                 # a trained run: its final model
+    python -m blocklab.analyze --init [overrides ...]  # a freshly initialised model, e.g. norm=post_ln model.n_layers=24
+
+Writes DIR/diagnostics/analysis.json and attention heatmaps, the same measurements as training's
+diagnostics (RUN_DIR for a run; --out, default outputs/analyze/TIMESTAMP, for --init)."""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from blocklab.analysis.probe import measure
+from blocklab.errors import ConfigError
+from blocklab.train.diagnostics import write_measurement
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _setup_from_config(cfg):
+    """Task and model config from a composed or saved config, validated as `train.py` does."""
+    from blocklab.model import ModelConfig
+    from blocklab.tasks import build_task
+
+    groups = OmegaConf.to_container(cfg, resolve=True)
+    arch = groups["model"]["arch"]
+    task = build_task(groups["task"], groups["seed"], arch)
+    model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len)
+    errors = model_cfg.errors()
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return groups, task, model_cfg
+
+
+def analyze_init(overrides: list[str], out: Path) -> Path:
+    from hydra import compose, initialize_config_dir
+
+    from blocklab.model import build_model
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, f"run_dir={out}"])
+    groups, task, model_cfg = _setup_from_config(cfg)
+    torch.manual_seed(groups["seed"])
+    model = build_model(model_cfg)
+    return _write(model, task, groups, out, "init", {"overrides": overrides})
+
+
+def analyze_run(run_dir: Path) -> Path:
+    from blocklab.generate import load_run
+
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    groups, task, _ = _setup_from_config(cfg)
+    model, _ = load_run(run_dir)
+    return _write(model, task, groups, run_dir, "trained", {"run_dir": str(run_dir)})
+
+
+def _write(model, task, groups: dict, out: Path, tag: str, about: dict) -> Path:
+    diag = groups["diagnostics"]
+    probe = task.probe_batch(diag.get("probe_examples", 16))
+    stats = measure(model, probe, diag.get("sparsity_eps", 1e-3), keep_weights=True)
+    stats = write_measurement(stats, out / "diagnostics", tag, maps=True)
+    path = out / "diagnostics" / "analysis.json"
+    path.write_text(json.dumps({**about, "tag": tag, **stats}, indent=1) + "\n")
+    return path
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("target", nargs="*", help="RUN_DIR, or with --init: config overrides")
+    parser.add_argument("--init", action="store_true", help="analyse a freshly initialised model")
+    parser.add_argument("--out", type=Path, default=None, help="output directory for --init")
+    args = parser.parse_args(argv)
+    try:
+        if args.init:
+            out = args.out or Path("outputs/analyze") / time.strftime("%Y-%m-%d_%H-%M-%S")
+            path = analyze_init(args.target, out)
+        else:
+            if len(args.target) != 1:
+                parser.error("give one RUN_DIR, or --init with config overrides")
+            path = analyze_run(Path(args.target[0]))
+    except ConfigError as err:
+        for line in str(err).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

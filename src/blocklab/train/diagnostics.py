@@ -1,0 +1,67 @@
+"""Diagnostics during training: measurements on a fixed probe batch at init, every K steps and at
+the end, logged to the experiment logger and written to the run directory. They run in eval mode
+without touching the random state or leaving gradients behind, so the training is unchanged."""
+import json
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+from blocklab.analysis.plots import attention_heatmaps
+from blocklab.analysis.probe import forward_stats, probe_gradients, sublayer_gradient_norms, summarize
+
+
+def write_measurement(stats: dict, out_dir: Path, tag: str, maps: bool) -> dict:
+    """Save heatmaps (if asked) and return the JSON-ready measurement."""
+    weights = stats.pop("weights", None)
+    if maps and weights is not None:
+        stats["attention_maps"] = [str(p.relative_to(out_dir.parent)) for p in attention_heatmaps(weights, out_dir, tag)]
+    return stats
+
+
+class Diagnostics(Callback):
+    def __init__(self, probe: dict, out_dir: Path, every_n_steps: int, sparsity_eps: float, attention_maps: str):
+        self.probe, self.out_dir = probe, Path(out_dir)
+        self.every_n_steps, self.sparsity_eps, self.attention_maps = every_n_steps, sparsity_eps, attention_maps
+        self.history: list[dict] = []
+        self._grads_at_step: list[dict] | None = None
+
+    def _measure(self, trainer, model, tag: str, step: int, gradients: list[dict], maps: bool) -> None:
+        stats = forward_stats(model, self.probe, self.sparsity_eps, keep_weights=maps)
+        stats["gradients"] = gradients
+        stats = write_measurement(stats, self.out_dir, tag, maps)
+        self.history.append({"tag": tag, "step": step, **stats})
+        for logger in trainer.loggers:
+            logger.log_metrics(summarize(stats), step=step)
+            if maps and hasattr(logger, "log_image"):
+                logger.log_image(key=f"diag/attention_{tag}", images=[str(self.out_dir.parent / p)
+                                                                      for p in stats["attention_maps"]], step=step)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "history.json").write_text(json.dumps(self.history) + "\n")
+
+    def on_fit_start(self, trainer, pl_module):
+        model = pl_module.model
+        self._measure(trainer, model, "init", 0, probe_gradients(model, self.probe), self.attention_maps != "none")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        step = trainer.global_step
+        if step > 0 and step % self.every_n_steps == 0:
+            self._grads_at_step = sublayer_gradient_norms(pl_module.model)  # the real training gradients
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._grads_at_step is not None:
+            step = trainer.global_step - 1  # the step whose gradients were recorded
+            self._measure(trainer, pl_module.model, f"step{step}", step, self._grads_at_step,
+                          self.attention_maps == "all")
+            self._grads_at_step = None
+
+    def on_fit_end(self, trainer, pl_module):
+        model = pl_module.model
+        self._measure(trainer, model, "end", trainer.global_step, probe_gradients(model, self.probe),
+                      self.attention_maps != "none")
+
+    def summary(self) -> dict:
+        """For results.json: the first and last measurement, and where the rest is."""
+        if not self.history:
+            return {}
+        return {"init": self.history[0], "end": self.history[-1], "every_n_steps": self.every_n_steps,
+                "history": str(Path(self.out_dir.name) / "history.json")}
