@@ -7,6 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
+# Tokenized corpora go to a per-session folder, never the user's cache.
+os.environ.setdefault("BLOCKLAB_CACHE", str(Path(__import__("tempfile").mkdtemp(prefix="blocklab-cache-"))))
 CONF = ROOT / "conf"
 
 # Fast settings for end-to-end runs: a few steps, small eval sets, no W&B unless a test asks.

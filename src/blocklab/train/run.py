@@ -2,11 +2,14 @@
 import dataclasses
 import json
 import logging
+import os
+import sys
 import time
 from pathlib import Path
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
@@ -19,7 +22,9 @@ from blocklab.tasks import build_task, task_errors
 from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.module import LitTransformer
-from blocklab.train.results import CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, write_results
+from blocklab.model.generate import generate
+from blocklab.train.results import (CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, read_results,
+                                    write_results)
 
 
 # Lightning advertises its cloud products on every run; keep the console for the experiment.
@@ -90,7 +95,7 @@ def prepare(cfg: DictConfig):
     if errors:
         raise ConfigError("\n".join(errors))
     run_dir = Path(groups["run_dir"])
-    if (run_dir / RESULTS_FILE).exists():
+    if previous_status(run_dir) in ("completed", "diverged"):
         raise ConfigError(f"{run_dir / RESULTS_FILE} already exists; choose a new hydra.run.dir (or run_dir) "
                           "so finished results are never overwritten")
     try:
@@ -117,24 +122,87 @@ def save_config(cfg: DictConfig, run_dir: Path, model_cfg: ModelConfig, task) ->
         OmegaConf.save(OmegaConf.create(dict(hydra_cfg.runtime.choices)), config_dir / "choices.yaml")
 
 
-def build_logger(cfg: DictConfig, run_dir: Path, name: str, job_type: str):
+def build_logger(cfg: DictConfig, run_dir: Path, name: str, job_type: str, grouping: dict):
     if cfg.logger.get("_target_") is None:
         return False
     if cfg.logger._target_.endswith("WandbLogger"):
-        return instantiate(cfg.logger, save_dir=str(run_dir), name=name, job_type=job_type)
+        return instantiate(cfg.logger, save_dir=str(run_dir), name=name, job_type=job_type, **grouping)
     return instantiate(cfg.logger, save_dir=str(run_dir))
 
 
+def in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def sweep_tags_and_group(groups: dict) -> dict:
+    """W&B grouping for sweep jobs: group = study name + launch, tags = the swept overrides."""
+    study = groups.get("study")
+    if not study or not in_sweep():
+        return {}
+    hydra_cfg = HydraConfig.get()
+    marker = Path(hydra_cfg.sweep.dir) / "multirun.yaml"  # Hydra rewrites it at every launch
+    launch = time.strftime("%Y%m%d-%H%M%S", time.localtime(marker.stat().st_mtime)) if marker.exists() else "run"
+    tags = [o for o in hydra_cfg.overrides.task if not o.startswith(("sweep=", "hydra.", "run_dir="))]
+    return {"group": f"{study['name']}-{launch}", "tags": [t[:64] for t in tags]}
+
+
+def previous_status(run_dir: Path) -> str | None:
+    path = run_dir / RESULTS_FILE
+    if not path.exists():
+        return None
+    try:
+        return read_results(run_dir).get("status")
+    except (OSError, ValueError):
+        return "failed"  # unreadable: treat as unfinished
+
+
 def run(cfg: DictConfig) -> float | None:
+    """Train and evaluate one configuration. Inside a sweep, finished jobs are skipped and a failing
+    job is recorded as failed without stopping the sweep; a single run fails loudly."""
+    run_dir = Path(cfg.run_dir)
+    status = previous_status(run_dir)
+    if status in ("completed", "diverged") and in_sweep():
+        print(f"skip {run_dir}: already {status}")
+        return read_results(run_dir).get("final_val_loss")
+    if status == "failed":  # keep the record of the failure, then try again
+        os.replace(run_dir / RESULTS_FILE, run_dir / f"results.failed-{int(time.time())}.json")
+    if not in_sweep():
+        return train_and_evaluate(cfg)
+    try:
+        return train_and_evaluate(cfg)
+    except Exception as err:  # a sweep goes on; the failure is recorded where the results would be
+        message = f"{type(err).__name__}: {err}".splitlines()[0][:500]
+        print(f"error: job {run_dir} failed: {message}", file=sys.stderr)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_results(run_dir, {"status": "failed", "error": message, "task": cfg.task.name,
+                                "overrides": list(HydraConfig.get().overrides.task)})
+        return None
+
+
+def decode_stats(model, task, new_tokens: int = 64, batch: int = 8) -> dict:
+    """KV-cache bytes per token (from the model's shape) and cached greedy decoding speed."""
+    cfg = model.cfg
+    kv_heads = cfg.attn.n_kv_heads or cfg.n_heads
+    bytes_per_token = 2 * cfg.n_layers * kv_heads * cfg.d_head * next(model.parameters()).element_size()
+    probe = task.probe_batch(batch)
+    prompts = [row[:8] for row in probe.get("source", probe["input"])]
+    start = time.perf_counter()
+    generate(model, prompts, new_tokens, bos_id=getattr(task, "bos_id", None))
+    elapsed = time.perf_counter() - start
+    return {"kv_cache_bytes_per_token": bytes_per_token, "tokens_per_s": batch * new_tokens / elapsed}
+
+
+def train_and_evaluate(cfg: DictConfig) -> float | None:
     groups, task, model_cfg, run_dir = prepare(cfg)
     save_config(cfg, run_dir, model_cfg, task)
     L.seed_everything(groups["seed"], workers=True, verbose=False)
     picked = choices(model_cfg, groups["seed"])
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
         f"-h{picked['n_heads']}-s{picked['seed']}"
-    lit = LitTransformer(model_cfg, groups["optim"], [n for n in task.eval_lengths if task.in_distribution(n)])
+    lit = LitTransformer(model_cfg, groups["optim"], [n for n in task.eval_lengths if task.in_distribution(n)],
+                         target_loss=groups["target_loss"])
 
-    logger = build_logger(cfg, run_dir, f"{task.name}-{run_name}", task.name)
+    logger = build_logger(cfg, run_dir, f"{task.name}-{run_name}", task.name, sweep_tags_and_group(groups))
     if logger:
         logger.log_hyperparams({**picked, **flatten(groups)})
     guard = DivergenceGuard(groups["max_loss"])
@@ -170,9 +238,15 @@ def run(cfg: DictConfig) -> float | None:
         "final_train_loss": lit.last_train_loss,
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": guard.diverged_at_step,
+        "steps_to_target_loss": lit.steps_to_target,
         "train_lengths": list(task.train_lengths),
         "eval": rows,
+        "decode": decode_stats(lit.model, task),
     }
+    if groups.get("study"):
+        results["study"] = groups["study"]["name"]
+        if in_sweep():
+            results["overrides"] = list(HydraConfig.get().overrides.task)
     if diagnostics is not None:
         results["diagnostics"] = diagnostics.summary()
     path = write_results(run_dir, results)

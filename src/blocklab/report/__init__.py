@@ -1,0 +1,1 @@
+"""Sweep directory -> tables, plots and a self-contained HTML report."""

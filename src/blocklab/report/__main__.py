@@ -1,0 +1,24 @@
+"""python -m blocklab.report SWEEP_DIR: writes SWEEP_DIR/report/{index.html, summary.csv, *.png}."""
+import argparse
+import sys
+from pathlib import Path
+
+from blocklab.report.build import build_report
+from blocklab.report.collect import collect, study_specs
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("sweep_dir", type=Path, help="a sweep directory, or a folder of them")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        sys.exit(f"error: {args.sweep_dir} is not a directory; give the sweep's output folder, e.g. outputs/sweeps/pe_copy")
+    rows = collect(args.sweep_dir)
+    if not rows:
+        sys.exit(f"error: no results.json under {args.sweep_dir}; run the sweep first (python train.py -m sweep=NAME)")
+    path = build_report(args.sweep_dir, rows, study_specs(args.sweep_dir, rows))
+    print(f"wrote {path} ({len(rows)} runs)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Tables (mean ± std over seeds), the canonical plot of each exercise, findings computed from the
+numbers, and one self-contained HTML page (images inlined, opens offline)."""
+import base64
+import csv
+import html
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER  # noqa: E402
+
+TABLE_METRICS = ["final_val_loss", "final_train_loss", "exact_match_in", "exact_match_out", "params",
+                 "tokens_per_s", "diverged", "steps_to_target_loss", "kv_cache_bytes_per_token",
+                 "decode_tokens_per_s", "head_similarity", "ffn_sparsity"]
+CSV_SKIP = {"eval", "layers_init", "layers_end"}
+
+
+def _keys(spec_by) -> list[str]:
+    return [spec_by] if isinstance(spec_by, str) else list(spec_by)
+
+
+def _label(row: dict, keys: list[str]) -> str:
+    return ", ".join(f"{k}={row.get(k)}" for k in keys)
+
+
+def mean_std(values: list) -> tuple[float | None, float | None, int]:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return None, None, 0
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, std, len(values)
+
+
+def group(rows: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
+    groups = defaultdict(list)
+    for row in rows:
+        groups[tuple(row.get(k) for k in keys)].append(row)
+    return dict(sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0])))
+
+
+def _fmt(mean, std, n) -> str:
+    if mean is None:
+        return "–"
+    digits = 0 if abs(mean) >= 1000 else 3
+    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if n > 1 else "")
+
+
+def table(rows: list[dict], compare: list[str]) -> tuple[list[str], list[list[str]]]:
+    metrics = [m for m in TABLE_METRICS if any(r.get(m) is not None for r in rows)]
+    header = [*compare, "runs", *metrics]
+    body = []
+    for key, members in group(rows, compare).items():
+        cells = [str(v) for v in key] + [str(len(members))]
+        cells += [_fmt(*mean_std([m.get(metric) for m in members])) for metric in metrics]
+        body.append(cells)
+    return header, body
+
+
+def findings(rows: list[dict], compare: list[str], metric: str) -> str:
+    """Best and worst setting for a metric, with the spread over seeds, from the data."""
+    stats = [(key, *mean_std([m.get(metric) for m in members])) for key, members in group(rows, compare).items()]
+    stats = [s for s in stats if s[1] is not None]
+    if len(stats) < 2:
+        return ""
+    ordered = sorted(stats, key=lambda s: s[1])
+    if metric in HIGHER_IS_BETTER:
+        ordered.reverse()
+    best, worst = ordered[0], ordered[-1]
+    name = lambda s: ", ".join(f"{k}={v}" for k, v in zip(compare, s[0]))  # noqa: E731
+    if metric in HIGHER_IS_BETTER | LOWER_IS_BETTER:
+        words = ("best", "worst")
+    else:
+        words = ("lowest", "highest")
+    gap = abs(best[1] - worst[1])
+    noise = max(best[2] or 0, worst[2] or 0)
+    verdict = "larger than" if gap > 2 * noise else "within"
+    return (f"{metric}: {words[0]} {name(best)} ({_fmt(*best[1:])}), {words[1]} {name(worst)} "
+            f"({_fmt(*worst[1:])}); the gap ({gap:.3g}) is {verdict} twice the seed spread ({noise:.3g}).")
+
+
+def _select(rows, where: dict | None):
+    return [r for r in rows if all(str(r.get(k)) == str(v) for k, v in (where or {}).items())]
+
+
+def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
+    """Draw one canonical plot; returns a sentence of what it shows, computed from the data."""
+    kind, metric, by = spec["kind"], spec["metric"], _keys(spec.get("by", []))
+    rows = _select(rows, spec.get("where"))
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    note = None
+    if kind == "by_length":
+        for key, members in group(rows, by).items():
+            lengths = sorted({e["length"] for m in members for e in m["eval"]})
+            means = [mean_std([e[metric] for m in members for e in m["eval"] if e["length"] == n])[0] for n in lengths]
+            ax.plot(lengths, means, marker="o", label=_label(dict(zip(by, key)), by))
+        train_max = max(r["train_max_length"] for r in rows)
+        ax.axvline(train_max, color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel("length (dashed: longest trained)")
+        note = findings(rows, by, "exact_match_out" if metric == "exact_match" else "loss_out")
+    elif kind == "by_choice":
+        for key, members in group(rows, by).items():
+            xs = sorted({m.get(spec["x"]) for m in members})
+            ys = [mean_std([m.get(metric) for m in members if m.get(spec["x"]) == x])[0] for x in xs]
+            ax.plot(xs, ys, marker="o", label=_label(dict(zip(by, key)), by) or metric)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(spec["x"])
+    elif kind == "by_layer":
+        when = spec.get("when", "init")
+        for key, members in group(rows, by + ["model.n_layers"]).items():
+            series = [m[f"layers_{when}"].get(metric) for m in members if m.get(f"layers_{when}")]
+            series = [s for s in series if s and None not in s]
+            if not series:
+                continue
+            ys = [sum(values) / len(values) for values in zip(*series)]
+            ax.plot(range(len(ys)), ys, label=_label(dict(zip(by + ["model.n_layers"], key)), by + ["model.n_layers"]))
+        ax.set_yscale("log")
+        ax.set_xlabel(f"layer (at {when})")
+    elif kind == "bar":
+        groups = group(rows, by)
+        stats = [mean_std([m.get(metric) for m in members]) for members in groups.values()]
+        ax.bar(range(len(stats)), [s[0] or 0 for s in stats], yerr=[s[1] or 0 for s in stats], capsize=3)
+        ax.set_xticks(range(len(stats)), [_label(dict(zip(by, k)), by) for k in groups], rotation=30, ha="right",
+                      fontsize=7)
+        note = findings(rows, by, metric)
+    ax.set_ylabel(metric)
+    if kind != "bar" and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6, ncol=2)
+    ax.set_title(f"{metric} ({kind.replace('_', ' ')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return note
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    columns = sorted({k for r in rows for k in r if k not in CSV_SKIP})
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k) for k in columns})
+
+
+def _swept(rows: list[dict]) -> dict[str, list]:
+    """Config keys that take more than one value across the runs: what the sweep varied."""
+    keys = {k for r in rows for k, v in r.items() if k not in CSV_SKIP and not isinstance(v, (dict, list))}
+    skip = {"run", "status", "error", "run_dir"} | set(TABLE_METRICS) | {"tokens_per_s", "ms_per_step", "loss_out",
+                                                                         "train_max_length"}
+    varied = {}
+    for k in sorted(keys - skip):
+        if "." not in k:
+            continue
+        values = sorted({str(r.get(k)) for r in rows})
+        if len(values) > 1:
+            varied[k] = values
+    return varied
+
+
+def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
+    done = [r for r in rows if r["status"] != "failed"]
+    failed = [r for r in rows if r["status"] == "failed"]
+    compare = spec.get("compare", [])
+    parts = [f"<section id='{html.escape(name)}'><h2>{html.escape(name)}</h2>",
+             f"<p class='question'><b>Question.</b> {html.escape(spec.get('question', ''))}</p>"]
+    swept = "; ".join(f"{k} ∈ {{{', '.join(v)}}}" for k, v in _swept(done).items())
+    task = sorted({str(r.get("task.name")) for r in done})
+    steps = sorted({str(r.get("trainer.max_steps")) for r in done})
+    parts.append(f"<p><b>Setup.</b> {len(rows)} runs ({len(done)} finished, {len(failed)} failed); task "
+                 f"{', '.join(task)}; {', '.join(steps)} training steps; swept: {html.escape(swept) or '–'}.</p>")
+    if done:
+        header, body = table(done, compare)
+        parts.append("<div class='wide'><table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body]
+        parts.append("</tbody></table></div>")
+        notes = []
+        for i, spec_plot in enumerate(spec.get("plots", [])):
+            path = out / f"{name}_{i}_{spec_plot['metric']}.png"
+            note = plot(done, spec_plot, path)
+            notes.append(note)
+            data = base64.b64encode(path.read_bytes()).decode()
+            parts.append(f"<figure><img alt='{html.escape(path.stem)}' src='data:image/png;base64,{data}'>"
+                         f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
+        notes += [findings(done, compare, "final_val_loss" if "final_val_loss" in header else header[len(compare) + 1])]
+        shown = [n for n in dict.fromkeys(notes) if n]
+        if any(r["diverged"] for r in done):
+            shown.append(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged.")
+        parts.append("<p><b>What the numbers show.</b></p><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in shown)
+                     + "</ul>")
+    if failed:
+        parts.append("<p><b>Failed runs.</b></p><ul>" + "".join(
+            f"<li>{html.escape(Path(r['run']).name)}: {html.escape(str(r.get('error')))}</li>" for r in failed) + "</ul>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th{background:#f3f3f3}figure{margin:1em 0}img{max-width:100%}.question{font-size:1.05em}section{margin-bottom:3em}
+.wide{overflow-x:auto}"""
+
+
+def build_report(root: Path, rows: list[dict], specs: dict[str, dict]) -> Path:
+    out = root / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "summary.csv")
+    by_study = defaultdict(list)
+    for row in rows:
+        by_study[row.get("study") or "runs"].append(row)
+    sections = [section(name, specs.get(name, {}), members, out) for name, members in sorted(by_study.items())]
+    toc = "".join(f"<li><a href='#{html.escape(n)}'>{html.escape(n)}</a></li>" for n in sorted(by_study))
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>BlockLab report: {html.escape(root.name)}</title>"
+            f"<style>{STYLE}</style></head><body><h1>BlockLab report: {html.escape(root.name)}</h1>"
+            f"<p>{len(rows)} runs from <code>{html.escape(str(root))}</code>. Values are mean ± std over seeds.</p>"
+            f"<ul>{toc}</ul>{''.join(sections)}</body></html>")
+    (out / "index.html").write_text(page, encoding="utf-8")
+    return out / "index.html"

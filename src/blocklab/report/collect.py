@@ -1,0 +1,93 @@
+"""Read every run of a sweep (or of a folder of sweeps) into flat rows."""
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from blocklab.train.results import RESULTS_FILE
+
+HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "tokens_per_s",
+                    "decode_tokens_per_s"}
+LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
+                   "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token"}
+
+
+def _flatten(tree, prefix=""):
+    flat = {}
+    for key, value in (tree or {}).items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        elif not isinstance(value, list):
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _layers(diag: dict | None, when: str) -> dict[str, list]:
+    """Per-layer series from the diagnostics measurement at `when` (init or end)."""
+    if not diag or when not in diag:
+        return {}
+    m = diag[when]
+    series = {
+        "activation_rms": [layer["activation_rms"] for layer in m["layers"]],
+        "relative_residual": [layer["relative_residual"]["fro"] for layer in m["layers"]],
+        "spectral_norm_max": [max(layer["spectral_norm_max"]) for layer in m["layers"]],
+        "head_similarity": [layer["head_similarity_mean"] for layer in m["layers"]],
+        "ffn_sparsity": [layer["ffn_sparsity"] for layer in m["layers"]],
+    }
+    for part in ("attn", "ffn"):
+        series[f"grad_{part}"] = [g[part] for g in m.get("gradients", [])]
+    return series
+
+
+def load_run(run_dir: Path) -> dict:
+    results = json.loads((run_dir / RESULTS_FILE).read_text())
+    config_path = run_dir / ".hydra" / "config.yaml"
+    config = OmegaConf.to_container(OmegaConf.load(config_path)) if config_path.exists() else {}
+    row = {"run": str(run_dir), "status": results["status"], "error": results.get("error")}
+    row.update(_flatten(config))
+    row["study"] = results.get("study") or (config.get("study") or {}).get("name")
+    row.update(results.get("choices", {}))
+    if results["status"] == "failed":
+        return row
+    evals = results["eval"]
+    inside = [r for r in evals if r["in_distribution"]]
+    beyond = [r for r in evals if not r["in_distribution"]]
+    decode = results.get("decode", {})
+    row.update({
+        "final_val_loss": results["final_val_loss"], "final_train_loss": results["final_train_loss"],
+        "params": results["params"], "tokens_per_s": results["tokens_per_s"],
+        "ms_per_step": results.get("ms_per_step"), "diverged": float(results["status"] == "diverged"),
+        "steps_to_target_loss": results.get("steps_to_target_loss"),
+        "exact_match_in": _mean([r["exact_match"] for r in inside]),
+        "exact_match_out": _mean([r["exact_match"] for r in beyond]),
+        "loss_out": _mean([r["loss"] for r in beyond]),
+        "kv_cache_bytes_per_token": decode.get("kv_cache_bytes_per_token"),
+        "decode_tokens_per_s": decode.get("tokens_per_s"),
+        "eval": evals, "train_max_length": results["train_lengths"][1],
+        "layers_init": _layers(results.get("diagnostics"), "init"),
+        "layers_end": _layers(results.get("diagnostics"), "end"),
+    })
+    row["head_similarity"] = _mean(row["layers_end"].get("head_similarity", []))
+    row["ffn_sparsity"] = _mean(row["layers_end"].get("ffn_sparsity", []))
+    return row
+
+
+def collect(root: Path) -> list[dict]:
+    """Every run under root (a sweep directory or a folder of them), skipping the report itself."""
+    return [load_run(p.parent) for p in sorted(Path(root).rglob(RESULTS_FILE)) if "report" not in p.parts[-3:-1]]
+
+
+def study_specs(root: Path, rows: list[dict]) -> dict[str, dict]:
+    """The `study` block of each sweep, from any of its runs' saved configs."""
+    specs = {}
+    for row in rows:
+        name = row.get("study")
+        if name and name not in specs:
+            config = OmegaConf.to_container(OmegaConf.load(Path(row["run"]) / ".hydra" / "config.yaml"))
+            specs[name] = config["study"]
+    return specs

@@ -1,0 +1,124 @@
+"""Sweep files expand to the expected jobs, every job config is valid, a sweep resumes after a kill,
+and the report renders in a real browser."""
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from blocklab.train.run import prepare
+from conftest import ROOT, compose_config
+
+SWEEPS = ROOT / "sweeps"
+EXPECTED_JOBS = {"head_count": 36, "pe_copy": 18, "pe_addition": 18, "pe_lm": 18, "init_depth": 36,
+                 "norm_placement": 48, "activations": 24, "attention_variants": 9, "causal_mask": 6,
+                 "rank_collapse": 12, "attention_scale": 18, "addition_format": 12}
+
+
+def expand(name: str) -> list[list[str]]:
+    """The job override lists Hydra's basic sweeper makes from a sweep file's params."""
+    params = OmegaConf.load(SWEEPS / f"{name}.yaml")["hydra"]["sweeper"]["params"]
+    parser = OverridesParser.create()
+    axes = []
+    for key, value in params.items():
+        override = parser.parse_override(f"{key}={value}")
+        axes.append([f"{key}={v}" for v in override.sweep_string_iterator()])
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def test_every_exercise_has_a_sweep_file():
+    assert {p.stem for p in SWEEPS.glob("*.yaml")} == set(EXPECTED_JOBS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_JOBS))
+def test_sweep_expands_to_valid_jobs(name, tmp_path):
+    jobs = expand(name)
+    assert len(jobs) == EXPECTED_JOBS[name]
+    header = (SWEEPS / f"{name}.yaml").read_text().splitlines()[:8]
+    assert any(f"python train.py -m sweep={name}" in line for line in header)  # the documented command
+    assert any("min on 2 CPU cores" in line for line in header)  # the stated time budget
+    for i, job in enumerate(jobs):
+        cfg = compose_config([f"sweep={name}", *job], tmp_path / str(i))
+        assert cfg.study.name == name and cfg.trainer.max_steps > 0
+        prepare(cfg)  # raises ConfigError on an invalid combination
+    scaled = compose_config([f"sweep={name}", "study.scale=4"], tmp_path / "scaled")
+    assert scaled.trainer.max_steps == 4 * compose_config([f"sweep={name}"], tmp_path / "base").trainer.max_steps
+
+
+def sweep_cmd(sweep_dir: Path) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), "-m", "sweep=causal_mask", "seed=0,1", "logger=wandb",
+            "trainer.max_steps=30", "trainer.val_check_interval=30", "task.eval_examples=16", "diagnostics=none",
+            f"hydra.sweep.dir={sweep_dir}"]
+
+
+def test_sweep_survives_a_kill_resumes_and_reports(tmp_path):
+    sweep_dir = tmp_path / "causal_mask"
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    proc = subprocess.Popen(sweep_cmd(sweep_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
+    while not list(sweep_dir.glob("*/results.json")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # kill the whole sweep while the second job runs
+    proc.wait()
+    finished = {p: p.read_bytes() for p in sweep_dir.glob("*/results.json")}
+    assert 1 <= len(finished) < 4
+
+    rerun = subprocess.run(sweep_cmd(sweep_dir), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.stdout.count("skip ") == len(finished)
+    results = sorted(sweep_dir.glob("*/results.json"))
+    assert len(results) == 4
+    assert all(json.loads(p.read_text())["status"] == "completed" for p in results)
+    assert all(p.read_bytes() == data for p, data in finished.items())  # finished results untouched
+
+    # W&B: the runs of one launch share a group, job_type is the task, tags are the swept overrides.
+    job_dir = next(sweep_dir.glob("attn.causal=False,*seed=1,*"))  # stable name: the job's overrides
+    run = next(job_dir.glob("wandb/offline-run-*"))
+    wandb_cli = shutil.which("wandb", path=str(Path(sys.executable).parent))
+    summary = json.loads(subprocess.run([wandb_cli, "leet", "inspect", "--summary", "--json", str(run)],
+                                        capture_output=True, text=True, timeout=120).stdout)
+    assert "attn.causal=False" in summary["tags"] and "seed=1" in summary["tags"]
+    records = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(run)], capture_output=True, text=True,
+                             timeout=120).stdout
+    assert '"job_type":"copy"' in records and '"run_group":"causal_mask-' in records
+
+    report = subprocess.run([sys.executable, "-m", "blocklab.report", str(sweep_dir)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    index = sweep_dir / "report" / "index.html"
+    page = index.read_text()
+    assert "<h2>causal_mask</h2>" in page and "What the numbers show" in page and "data:image/png;base64," in page
+    summary_csv = (sweep_dir / "report" / "summary.csv").read_text().splitlines()
+    assert len(summary_csv) == 5 and "exact_match_in" in summary_csv[0]
+    rows = [json.loads(p.read_text()) for p in results]
+    train_loss = {r["choices"]["seed"]: r["final_train_loss"] for r in rows}
+    assert any(f"{v:.3f}" in page for v in train_loss.values()) or "final_train_loss" in page
+    render_in_browser(index)
+
+
+def render_in_browser(index: Path) -> None:
+    """Open the report in headless Chromium: its tables and every image must actually render."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (Debian package `chromium`); the browser check needs it")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) drives the browser")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.goto(index.as_uri())
+        assert page.locator("table").count() >= 1 and page.locator("table tbody tr").count() == 2
+        images = page.locator("img")
+        assert images.count() >= 2
+        assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 100)")
+        assert page.locator("h2").first.inner_text() == "causal_mask"
+        page.screenshot(path=str(index.parent / "screenshot.png"), full_page=True)
+        browser.close()
