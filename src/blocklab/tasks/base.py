@@ -151,8 +151,8 @@ class SequenceTask:
         tok.decoder = decoders.Fuse()
         return tok
 
-    def train_batches(self) -> "TrainStream":
-        return TrainStream(self)
+    def train_batches(self, start_step: int = 0) -> "TrainStream":
+        return TrainStream(self, start_step)
 
     def probe_batch(self, n: int) -> dict:
         """A fixed batch for diagnostics: the longest training length (same length, so no padding)."""
@@ -202,14 +202,17 @@ def _chunks(items: list, size: int):
 
 
 class TrainStream(IterableDataset):
-    """An endless stream of padded training batches, a pure function of the seed."""
+    """An endless stream of padded training batches. Batch k is a pure function of (seed, k), so a
+    resumed run continues with exactly the batches an uninterrupted run would have seen."""
 
-    def __init__(self, task: SequenceTask):
-        self.task = task
+    def __init__(self, task: SequenceTask, start_step: int = 0):
+        self.task, self.start_step = task, start_step
 
     def __iter__(self):
         task = self.task
-        rng = random.Random(f"{task.seed}/{task.name}/train")
+        step = self.start_step
         while True:
+            rng = random.Random(f"{task.seed}/{task.name}/train/{step}")
             examples = [task.sample(rng, rng.randint(task.min_len, task.max_len)) for _ in range(task.batch_size)]
             yield task.collate(examples)
+            step += 1

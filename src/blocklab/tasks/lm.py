@@ -94,9 +94,9 @@ class LMTask:
     def tokenizer(self) -> Tokenizer:
         return self.tok
 
-    def train_batches(self) -> "RandomWindows":
+    def train_batches(self, start_step: int = 0) -> "RandomWindows":
         return RandomWindows(torch.from_numpy(self.train_ids.astype(np.int64)), self.block_size, self.batch_size,
-                             self.seed)
+                             self.seed, start_step)
 
     def windows(self, length: int) -> torch.Tensor:
         """Non-overlapping (length + 1)-token windows over the validation text, at most eval_max_tokens."""
@@ -148,16 +148,20 @@ class LMTask:
 
 
 class RandomWindows(IterableDataset):
-    """Endless batches of random (block_size + 1)-token windows, a pure function of the seed."""
+    """Endless batches of random (block_size + 1)-token windows; batch k is a pure function of (seed, k),
+    so a resumed run sees the same batches as an uninterrupted one."""
 
-    def __init__(self, ids: torch.Tensor, block_size: int, batch_size: int, seed: int):
+    def __init__(self, ids: torch.Tensor, block_size: int, batch_size: int, seed: int, start_step: int = 0):
         self.ids, self.block_size, self.batch_size, self.seed = ids, block_size, batch_size, seed
+        self.start_step = start_step
 
     def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed)
         offsets = torch.arange(self.block_size + 1)
+        valid = torch.ones(self.batch_size, self.block_size, dtype=torch.bool)
+        step = self.start_step
         while True:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
             starts = torch.randint(len(self.ids) - self.block_size, (self.batch_size,), generator=generator)
             windows = self.ids[starts[:, None] + offsets]
-            yield {"input": windows[:, :-1], "target": windows[:, 1:],
-                   "valid": torch.ones(self.batch_size, self.block_size, dtype=torch.bool)}
+            yield {"input": windows[:, :-1], "target": windows[:, 1:], "valid": valid}
+            step += 1

@@ -1,4 +1,7 @@
 import math
+import signal
+import sys
+from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback, RichProgressBar
 
@@ -27,3 +30,28 @@ class StepProgressBar(RichProgressBar):
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
         return metrics
+
+
+class GracefulInterrupt(Callback):
+    """Ctrl-C or SIGTERM: finish the current step, save the checkpoint, and stop (Lightning raises
+    SIGTERMException at the step boundary). A second Ctrl-C interrupts at once."""
+
+    def __init__(self, checkpoint: Path):
+        self.checkpoint = checkpoint
+
+    def on_train_start(self, trainer, pl_module):
+        def first_interrupt(signum, frame):
+            trainer._signal_connector.received_sigterm = True  # the flag Lightning checks after each step
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, first_interrupt)
+
+    def on_train_end(self, trainer, pl_module):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def on_exception(self, trainer, pl_module, exception):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if trainer.global_step > 0:
+            trainer.save_checkpoint(self.checkpoint)
+            print(f"saved {self.checkpoint} at step {trainer.global_step}", file=sys.stderr)

@@ -38,7 +38,15 @@ class Diagnostics(Callback):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "history.json").write_text(json.dumps(self.history) + "\n")
 
+    def state_dict(self) -> dict:
+        return {"history": self.history}  # a resumed run keeps its measurements
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = state_dict["history"]
+
     def on_fit_start(self, trainer, pl_module):
+        if self.history:  # resumed: init was measured before the interruption
+            return
         model = pl_module.model
         self._measure(trainer, model, "init", 0, probe_gradients(model, self.probe), self.attention_maps != "none")
 

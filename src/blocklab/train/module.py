@@ -48,6 +48,16 @@ class LitTransformer(L.LightningModule):
         self.last_train_loss = float("nan")
         self.target_loss, self.steps_to_target = target_loss, None
 
+    # Running totals survive a resume, so results match an uninterrupted run.
+    TOTALS = ("tokens_seen", "step_time_s", "last_train_loss", "steps_to_target")
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["blocklab"] = {name: getattr(self, name) for name in self.TOTALS}
+
+    def on_load_checkpoint(self, checkpoint):
+        for name, value in checkpoint.get("blocklab", {}).items():
+            setattr(self, name, value)
+
     def forward(self, idx, **kwargs):
         return self.model(idx, **kwargs)
 

@@ -11,6 +11,7 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
@@ -19,9 +20,10 @@ from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig
 from blocklab.model.config import ARCHS
 from blocklab.tasks import build_task, task_errors
-from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
+from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, StepProgressBar
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.module import LitTransformer
+from blocklab.train.resume import resume_step, set_aside_checkpoints
 from blocklab.model.generate import generate
 from blocklab.train.results import (CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, read_results,
                                     write_results)
@@ -56,6 +58,9 @@ def training_errors(groups: dict) -> list[str]:
             errs.append(f"diagnostics.probe_examples={diag.get('probe_examples')!r} must be a positive integer")
         if diag.get("attention_maps") not in ("none", "end", "all"):
             errs.append(f"diagnostics.attention_maps={diag.get('attention_maps')!r} must be none, end or all")
+    every = groups.get("checkpoint_every")
+    if not isinstance(every, int) or isinstance(every, bool) or every <= 0:
+        errs.append(f"checkpoint_every={every!r} must be a positive number of steps")
     if not isinstance(groups.get("seed"), int):
         errs.append(f"seed={groups.get('seed')!r} must be an integer")
     return errs
@@ -106,7 +111,8 @@ def prepare(cfg: DictConfig):
     except OSError as err:
         raise ConfigError(f"cannot write to run directory {run_dir} ({err.strerror}); set hydra.run.dir to a "
                           "writable place") from None
-    return groups, task, model_cfg, run_dir
+    start_step = resume_step(run_dir, groups)
+    return groups, task, model_cfg, run_dir, start_step
 
 
 def save_config(cfg: DictConfig, run_dir: Path, model_cfg: ModelConfig, task) -> None:
@@ -193,7 +199,9 @@ def decode_stats(model, task, new_tokens: int = 64, batch: int = 8) -> dict:
 
 
 def train_and_evaluate(cfg: DictConfig) -> float | None:
-    groups, task, model_cfg, run_dir = prepare(cfg)
+    groups, task, model_cfg, run_dir, start_step = prepare(cfg)
+    if start_step is None:
+        set_aside_checkpoints(run_dir)
     save_config(cfg, run_dir, model_cfg, task)
     L.seed_everything(groups["seed"], workers=True, verbose=False)
     picked = choices(model_cfg, groups["seed"])
@@ -206,7 +214,9 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     if logger:
         logger.log_hyperparams({**picked, **flatten(groups)})
     guard = DivergenceGuard(groups["max_loss"])
-    callbacks = [guard, StepProgressBar(), ModelCheckpoint(dirpath=run_dir / CHECKPOINT.parent, save_last=True, save_top_k=0)]
+    checkpoints = ModelCheckpoint(dirpath=run_dir / CHECKPOINT.parent, save_last=True, save_top_k=0,
+                                  every_n_train_steps=groups["checkpoint_every"])
+    callbacks = [guard, StepProgressBar(), checkpoints, GracefulInterrupt(run_dir / CHECKPOINT)]
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     diag_cfg = groups["diagnostics"]
@@ -217,10 +227,17 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         callbacks.append(diagnostics)
     trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
 
-    train_loader = DataLoader(task.train_batches(), batch_size=None)
+    train_loader = DataLoader(task.train_batches(start_step or 0), batch_size=None)
     val_loader = DataLoader(task.validation_batches(), batch_size=None)
+    if start_step is not None:
+        print(f"resuming {run_dir} from step {start_step}")
     start = time.perf_counter()
-    trainer.fit(lit, train_loader, val_loader)
+    try:
+        trainer.fit(lit, train_loader, val_loader, ckpt_path=run_dir / CHECKPOINT if start_step is not None else None)
+    except SIGTERMException:
+        print(f"interrupted at step {trainer.global_step}; checkpoint saved in {run_dir / CHECKPOINT.parent}. "
+              "Run the same command again to resume.", file=sys.stderr)
+        raise SystemExit(143) from None
     train_time = time.perf_counter() - start
 
     rows = task.evaluate(lit.model)
