@@ -125,7 +125,7 @@ def test_folder_of_text_files(tmp_path):
 def test_hub_offline_fails_fast_with_advice(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr("blocklab.tasks.corpus._hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr("blocklab.tasks.corpus.reachable", lambda host, timeout=3.0: False)
     cfg = lm_cfg(tmp_path, tmp_path / "cache", data__path=None, data__hub="Salesforce/wikitext",
                  data__hub_config="wikitext-2-raw-v1")
     with pytest.raises(ConfigError, match=r"hub is unreachable.*task.data.path=FILE"):

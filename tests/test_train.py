@@ -3,6 +3,7 @@ import json
 import math
 import shutil
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -128,3 +129,13 @@ def test_wandb_offline_run_holds_config_and_metrics(tmp_path):
     text = json.dumps(summary)
     for key in ('"norm": "pre_ln"', '"pos": "rope"', '"n_heads": 4', "train/loss", "val/loss", "train/grad_norm"):
         assert key in text, key
+
+
+def test_wandb_online_without_network_falls_back_to_offline(run_dir, monkeypatch, capsys):
+    monkeypatch.setattr("blocklab.train.run.reachable", lambda host, timeout=3.0: False)
+    started = time.time()
+    run_in_process([*FAST, "logger=wandb", "logger.mode=online"], run_dir)
+    assert time.time() - started < 120  # never waits on the network
+    assert "logging offline instead" in capsys.readouterr().err
+    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
+    assert read_results(run_dir)["status"] == "completed"

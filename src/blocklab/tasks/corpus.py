@@ -10,11 +10,11 @@ import importlib.util
 import json
 import os
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from blocklab.errors import ConfigError
+from blocklab.net import reachable
 
 BUILTIN = "shakespeare"
 HUB_HOST = ("huggingface.co", 443)
@@ -75,14 +75,6 @@ def builtin_text_file(cache_dir: Path) -> Path:
     return target
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    try:
-        socket.create_connection(HUB_HOST, timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
 def _load_text_files(files: list[Path], encoding_errors: str, cache_dir: Path) -> str:
     from datasets import load_dataset
 
@@ -126,7 +118,7 @@ def _load_hub(data: dict, cache_dir: Path) -> dict[str, str]:
     from datasets import load_dataset
 
     offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-    if not offline and not _hub_reachable():
+    if not offline and not reachable(HUB_HOST):
         raise ConfigError(f"task.data.hub={data['hub']}: the Hugging Face hub is unreachable (no network); "
                           "download the text elsewhere and use task.data.path=FILE")
     try:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from blocklab.errors import ConfigError
+from blocklab.net import reachable
 from blocklab.model import ModelConfig
 from blocklab.model.config import ARCHS
 from blocklab.tasks import build_task, task_errors
@@ -128,11 +129,20 @@ def save_config(cfg: DictConfig, run_dir: Path, model_cfg: ModelConfig, task) ->
         OmegaConf.save(OmegaConf.create(dict(hydra_cfg.runtime.choices)), config_dir / "choices.yaml")
 
 
+WANDB_HOST = ("api.wandb.ai", 443)
+
+
 def build_logger(cfg: DictConfig, run_dir: Path, name: str, job_type: str, grouping: dict):
     if cfg.logger.get("_target_") is None:
         return False
     if cfg.logger._target_.endswith("WandbLogger"):
-        return instantiate(cfg.logger, save_dir=str(run_dir), name=name, job_type=job_type, **grouping)
+        mode = cfg.logger.get("mode", "offline")
+        if mode == "online" and not reachable(WANDB_HOST):
+            print(f"warning: W&B server {WANDB_HOST[0]} unreachable; logging offline instead "
+                  f"(upload later with `wandb sync {run_dir}/wandb/offline-run-*`)", file=sys.stderr)
+            mode = "offline"
+        return instantiate(cfg.logger, save_dir=str(run_dir), name=name, job_type=job_type, mode=mode,
+                           offline=mode == "offline", **grouping)
     return instantiate(cfg.logger, save_dir=str(run_dir))
 
 
