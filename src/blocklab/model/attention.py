@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.model.position import PositionScheme
+from blocklab.model.position import PositionScheme, default_positions
 
 
 @dataclass
@@ -68,9 +68,10 @@ def self_attention_context(idx: Tensor, positions: Tensor | None, valid: Tensor 
     from the cache if there is one. Positions default to 0..T-1, or to the cache's next ones."""
     batch, length = idx.shape
     device = idx.device
-    if positions is None:
-        start = cache.positions[:, -1:] + 1 if cache is not None and cache.positions is not None else 0
-        positions = start + torch.arange(length, device=device)[None]
+    if positions is None and cache is not None and cache.positions is not None:
+        positions = cache.positions[:, -1:] + 1 + torch.arange(length, device=device)[None]
+    elif positions is None:
+        positions = default_positions(length, device)  # shared per length, so schemes can reuse their tables
     offset = cache.next_index if cache is not None else 0
     q_index = torch.arange(offset, offset + length, device=device)
     if cache is not None:
@@ -172,8 +173,11 @@ class Attention(nn.Module):
         if ctx.need_weights:
             y, self.last_weights = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
         else:
+            # The mask must share q's dtype: torch's CPU SDPA silently mis-reads a float32 mask with
+            # float64 q/k/v from length 16 on (masks are built in float32; .to is free when they match).
+            mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=ctx.mask, is_causal=ctx.is_causal, dropout_p=dropout,
+                q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
                 scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads,
             )
         return self.out_proj(y.transpose(1, 2).flatten(2))
