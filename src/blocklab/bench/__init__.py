@@ -1,0 +1,4 @@
+"""Benchmark suite: `python -m blocklab.bench [NAME ...] [--size tiny] [--out PATH]`."""
+from blocklab.bench.suites import BENCHMARKS
+
+__all__ = ["BENCHMARKS"]

@@ -1,0 +1,178 @@
+"""What every benchmark shares: the baby config, interleaved timing, a nanoGPT reference, FLOPs.
+
+Timings on a shared 2-core machine are only comparable side by side: every comparison here runs
+its variants interleaved in one process, several rounds, and keeps each variant's best round."""
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from blocklab.model import ModelConfig, build_model
+from blocklab.model.config import ActConfig, AttnConfig, InitConfig, NormConfig, PosConfig
+
+# nanoGPT's CPU "baby GPT" (conf/experiment/nanogpt_baby.yaml): 4 layers, 4 heads, d_model 128, block 64, batch 12.
+BABY = dict(vocab=65, d_model=128, n_layers=4, n_heads=4, d_ff=512, block=64, batch=12)
+ATTN_VARIANTS = {"mha": {}, "gqa": {"n_kv_heads": 2}, "mqa": {"n_kv_heads": 1}, "local": {"window": 16}}
+
+
+def baby_config(pos: str = "learned", attn: str = "mha", act: str = "gelu", max_len: int | None = None,
+                **sizes) -> ModelConfig:
+    size = {**BABY, **sizes}
+    return ModelConfig(vocab_size=size["vocab"], d_model=size["d_model"], n_layers=size["n_layers"],
+                       n_heads=size["n_heads"], d_ff=size["d_ff"], bias=False, max_len=max_len or size["block"],
+                       norm=NormConfig("layernorm", "pre"), pos=PosConfig(pos), attn=AttnConfig(**ATTN_VARIANTS[attn]),
+                       act=ActConfig(act), init=InitConfig("gpt2", 0.02))
+
+
+OPTIM = {"lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1, "warmup_steps": 100, "min_lr": 1e-4}
+
+
+def batches(n: int, batch: int, block: int, vocab: int, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        window = torch.randint(0, vocab, (batch, block + 1), generator=g)
+        out.append({"input": window[:, :-1].contiguous(), "target": window[:, 1:].contiguous(),
+                    "valid": torch.ones(batch, block, dtype=torch.bool)})
+    return out
+
+
+def interleaved(fns: dict, rounds: int, iters: int, warmup: int = 2) -> dict[str, dict]:
+    """ms per call of each fn, its variants run in turn (a, b, c, a, b, c, ...) so that load from
+    other processes hits all of them alike. Best round is the figure; the median shows the spread."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            times[name].append(1000 * (time.perf_counter() - start) / iters)
+    return {name: {"ms": min(t), "ms_median": sorted(t)[len(t) // 2]} for name, t in times.items()}
+
+
+def matmul_peak_gflops(n: int = 1024, rounds: int = 5, iters: int = 5) -> float:
+    """This machine's fp32 matmul throughput right now (best of a few rounds of an n x n x n product)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    ms = interleaved({"mm": lambda: a @ b}, rounds, iters)["mm"]["ms"]
+    return 2 * n ** 3 / (ms / 1000) / 1e9
+
+
+def train_flops(cfg: ModelConfig, batch: int, block: int) -> float:
+    """Model FLOPs of one training step (forward + backward = 3x forward): 2 per multiply-add of every
+    matrix (the tied head included, the embedding lookup not) plus QK^T and AV over the full square
+    (nanoGPT's estimate_mfu, with linear layers counted exactly)."""
+    model = build_model(cfg)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    tokens = batch * block
+    attention = 2 * 2 * cfg.n_layers * cfg.d_model * block * tokens
+    return 3 * (2 * linear * tokens + attention)
+
+
+def verdict(value: float, target: float, lower_is_better: bool = True) -> dict:
+    """Whether a ratio meets its target and by how much (a fraction: +0.08 = 8% past the target)."""
+    met = value <= target if lower_is_better else value >= target
+    miss = value / target - 1 if lower_is_better else target / value - 1
+    return {"value": round(value, 3), "target": target, "met": met, "off_by": 0.0 if met else round(miss, 3)}
+
+
+# ------------------------------------------------------------------------- nanoGPT reference
+
+class NanoGPT(nn.Module):
+    """nanoGPT's model.py at the baby config (bias=False, dropout 0), for a same-run reference:
+    fused c_attn, SDPA is_causal, exact GELU, tied head, N(0, 0.02) and c_proj scaled by 1/sqrt(2L)."""
+
+    def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, block: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.wte, self.wpe = nn.Embedding(vocab, d_model), nn.Embedding(block, d_model)
+        self.h = nn.ModuleList(NanoBlock(d_model) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model, bias=False)
+        self.lm_head = nn.Linear(d_model, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, 0.0, 0.02)
+        for block in self.h:  # nanoGPT's c_proj weights (attention and MLP outputs)
+            for proj in (block.attn_proj, block.c_proj):
+                nn.init.normal_(proj.weight, 0.0, 0.02 / (2 * n_layers) ** 0.5)
+
+    def forward(self, idx, targets):
+        b, t = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for block in self.h:
+            x = block(x, self.n_heads)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
+        self.c_attn, self.attn_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.c_fc, self.c_proj = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x, n_heads):
+        b, t, d = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, n_heads, d // n_heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(b, t, d)
+        x = x + self.attn_proj(y)
+        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+def nanogpt_step(batch_list: list[dict]):
+    """nanoGPT's train.py inner loop on CPU: forward, backward, clip 1.0, AdamW (foreach; nanoGPT fuses
+    only on CUDA), zero_grad(set_to_none) -- the loss is read only at log intervals."""
+    torch.manual_seed(0)
+    model = NanoGPT(BABY["vocab"], BABY["d_model"], BABY["n_layers"], BABY["n_heads"], BABY["block"])
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99))
+    state = {"i": 0}
+
+    def step():
+        batch = batch_list[state["i"] % len(batch_list)]
+        state["i"] += 1
+        loss = model(batch["input"], batch["target"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+@dataclass
+class PlainLoop:
+    """BlockLab's model trained the way the LightningModule trains it, without Lightning:
+    cross-entropy, backward, clip 1.0, fused AdamW with the same param groups and LR schedule."""
+
+    model: nn.Module
+    batches: list
+    i: int = 0
+
+    def __post_init__(self):
+        from blocklab.train.module import build_optimizer, lr_factor
+
+        self.opt = build_optimizer(self.model, OPTIM)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, OPTIM["warmup_steps"], 2000, 0.1))
+
+    def __call__(self):
+        from blocklab.tasks.base import IGNORE
+
+        batch = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        logits = self.model(batch["input"], valid=batch["valid"])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.schedule.step()

@@ -1,0 +1,329 @@
+"""The benchmarks. Each takes a size ("full" or "tiny", the latter for the smoke test) and returns
+{"rows": [...table rows...], "targets": {name: verdict}, ...}. Targets are the issue's ratios."""
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from blocklab.bench.common import (ATTN_VARIANTS, BABY, PlainLoop, baby_config, batches, interleaved,
+                                   matmul_peak_gflops, nanogpt_step, train_flops, verdict)
+from blocklab.model import build_model
+from blocklab.model.ffn import ACTIVATIONS, FFN
+from blocklab.model.generate import generate
+
+POS_SCHEMES = ["none", "learned", "sinusoidal", "rope", "alibi", "t5_bias"]
+ROOT = Path(__file__).resolve().parents[3]  # the repository (train.py, conf/)
+
+
+def _sizes(size: str) -> dict:
+    if size == "tiny":
+        return dict(rounds=1, iters=1, n_layers=1, batch=2, block=16, d_model=32, d_ff=64)
+    return dict(rounds=5, iters=8, n_layers=BABY["n_layers"], batch=BABY["batch"], block=BABY["block"],
+                d_model=BABY["d_model"], d_ff=BABY["d_ff"])
+
+
+def _model_sizes(s: dict) -> dict:
+    return dict(n_layers=s["n_layers"], d_model=s["d_model"], d_ff=s["d_ff"], block=s["block"])
+
+
+# ---------------------------------------------------------------------------------------- step
+
+def step(size: str = "full") -> dict:
+    """ms per training step for each pos scheme, attention variant and activation (one changed at a
+    time from nanoGPT's learned/mha/gelu), next to nanoGPT's model and loop, all interleaved."""
+    s = _sizes(size)
+    data = batches(8, s["batch"], s["block"], BABY["vocab"])
+    variants = {("pos", p): baby_config(pos=p, **_model_sizes(s)) for p in POS_SCHEMES}
+    variants.update({("attn", a): baby_config(attn=a, **_model_sizes(s)) for a in ATTN_VARIANTS if a != "mha"})
+    variants.update({("act", a): baby_config(act=a, **_model_sizes(s)) for a in ACTIVATIONS if a != "gelu"})
+    fns = {"nanogpt": nanogpt_step(data)} if size == "full" else {}
+    for key, cfg in variants.items():
+        torch.manual_seed(0)
+        fns[key] = PlainLoop(build_model(cfg), data)
+    peak_before = matmul_peak_gflops(512 if size == "tiny" else 1024, rounds=s["rounds"])
+    times = interleaved(fns, s["rounds"], s["iters"], warmup=1 if size == "tiny" else 3)
+    peak = max(peak_before, matmul_peak_gflops(512 if size == "tiny" else 1024, rounds=s["rounds"]))
+    tokens = s["batch"] * s["block"]
+    nope = times[("pos", "none")]["ms"]
+    rows = []
+    for key, cfg in variants.items():
+        ms = times[key]["ms"]
+        flops = train_flops(cfg, s["batch"], s["block"])
+        rows.append({"axis": key[0], "variant": key[1], "ms": round(ms, 2), "ms_median": round(times[key]["ms_median"], 2),
+                     "tokens_per_s": round(tokens / ms * 1000), "gflop_per_step": round(flops / 1e9, 3),
+                     "peak_fraction": round(flops / (ms / 1000) / 1e9 / peak, 3),
+                     "vs_nope": round(ms / nope, 3)})
+    targets = {f"{p}_vs_nope": verdict(times[("pos", p)]["ms"] / nope, 1.10) for p in ("rope", "alibi", "t5_bias")}
+    out = {"rows": rows, "matmul_peak_gflops": round(peak, 1), "tokens_per_step": tokens, "targets": targets}
+    if "nanogpt" in times:
+        ref = times["nanogpt"]["ms"]
+        out["nanogpt_ms"] = round(ref, 2)
+        for row in rows:
+            row["vs_nanogpt"] = round(row["ms"] / ref, 3)
+        targets["baby_vs_nanogpt"] = verdict(times[("pos", "learned")]["ms"] / ref, 0.90)
+    return out
+
+
+# ------------------------------------------------------------------------------------ overhead
+
+def overhead(size: str = "full") -> dict:
+    """The same model, data and optimizer: BlockLab's LightningModule under a Lightning Trainer (with
+    the callbacks a run uses) vs the plain loop. Per-step time inside fit (setup/teardown excluded)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback
+
+    from blocklab.bench.common import OPTIM
+    from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
+    from blocklab.train.module import LitTransformer
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # keep the console for the tables
+    s = _sizes(size)
+    steps, skip = (4, 1) if size == "tiny" else (60, 10)
+    cfg = baby_config(**_model_sizes(s))
+    data = batches(8, s["batch"], s["block"], BABY["vocab"])
+
+    class Clock(Callback):
+        """Time from the start of batch `skip` to the start of the last batch: steady steps only."""
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == skip:
+                self.start = time.perf_counter()
+            if batch_idx == steps - 1:
+                self.ms = 1000 * (time.perf_counter() - self.start) / (steps - 1 - skip)
+
+    def lightning_round() -> float:
+        torch.manual_seed(0)
+        lit = LitTransformer(cfg, {**OPTIM}, [])
+        clock = Clock()
+        devnull = open(os.devnull, "w")
+        bar = StepProgressBar(console_kwargs={"file": devnull})
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                            log_every_n_steps=25, gradient_clip_val=1.0, callbacks=[DivergenceGuard(), bar, clock])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(lit, torch.utils.data.DataLoader(_Cycle(data), batch_size=None))
+        devnull.close()
+        return clock.ms
+
+    def plain_round() -> float:
+        torch.manual_seed(0)
+        loop = PlainLoop(build_model(cfg), data)
+        for _ in range(skip):
+            loop()
+        start = time.perf_counter()
+        for _ in range(steps - 1 - skip):
+            loop()
+        return 1000 * (time.perf_counter() - start) / (steps - 1 - skip)
+
+    rounds = 1 if size == "tiny" else 4
+    lightning_ms, plain_ms = [], []
+    for _ in range(rounds):
+        lightning_ms.append(lightning_round())
+        plain_ms.append(plain_round())
+    out = {"rows": [{"loop": "lightning", "ms": round(min(lightning_ms), 2)},
+                    {"loop": "plain", "ms": round(min(plain_ms), 2)}],
+           "overhead": round(min(lightning_ms) / min(plain_ms) - 1, 3)}
+    out["targets"] = {"lightning_vs_plain": verdict(min(lightning_ms) / min(plain_ms), 1.05)}
+    if size == "full":  # nanoGPT in the same run, interleaved with one more plain round
+        ref = interleaved({"nanogpt": nanogpt_step(data), "plain": PlainLoop(build_model(cfg), data)}, 4, 10, 3)
+        out["nanogpt_ms"] = round(ref["nanogpt"]["ms"], 2)
+        out["rows"].append({"loop": "nanogpt", "ms": out["nanogpt_ms"]})
+        # Lightning vs nanoGPT through the plain loop, both of whose ratios were measured side by side.
+        ratio = min(lightning_ms) / min(plain_ms) * ref["plain"]["ms"] / ref["nanogpt"]["ms"]
+        out["targets"]["lightning_vs_nanogpt"] = verdict(ratio, 0.90)
+    return out
+
+
+class _Cycle(torch.utils.data.IterableDataset):
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        while True:
+            yield from self.items
+
+
+# ------------------------------------------------------------------------------------- startup
+
+# Run train.py unchanged, with a global optimizer hook that prints a timestamp at each job's first
+# (and last) optimizer step. Nothing in BlockLab is patched.
+_PROBE = """
+import runpy, sys, time
+from torch.optim.optimizer import register_optimizer_step_post_hook
+seen = {}
+def hook(opt, args, kwargs):
+    now = time.time()
+    if id(opt) not in seen:
+        print(f"BENCH first_step {now}", flush=True)
+    seen[id(opt)] = now
+    print(f"BENCH step {now}", flush=True)
+register_optimizer_step_post_hook(hook)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def startup(size: str = "full") -> dict:
+    """Wall time from launching `python train.py trainer=debug logger=none` to its first optimizer
+    step; and in a 3-job multirun, the time between one job's last step and the next job's first."""
+    steps = 2 if size == "tiny" else 20
+    with tempfile.TemporaryDirectory() as tmp:
+        common = [f"trainer.max_steps={steps}", "trainer=debug", "logger=none", "task.eval_examples=16"]
+        single = _probe_run([f"hydra.run.dir={tmp}/single", *common])
+        jobs = 2 if size == "tiny" else 3
+        seeds = ",".join(str(i) for i in range(jobs))
+        multi = _probe_run(["-m", f"hydra.sweep.dir={tmp}/multi", f"seed={seeds}", *common])
+    first = single["first"][0]
+    gaps = [multi["first"][i + 1] - multi["last_before"][i + 1] for i in range(len(multi["first"]) - 1)]
+    per_job = sum(gaps) / len(gaps) if gaps else float("nan")
+    rows = [{"measure": "start to first step", "s": round(first, 2)},
+            {"measure": "process total", "s": round(single["total"], 2)},
+            {"measure": "multirun per-job overhead", "s": round(per_job, 2)}]
+    return {"rows": rows, "first_step_s": round(first, 3), "multirun_per_job_s": round(per_job, 3),
+            "targets": {"start_to_first_step_s": verdict(first, 5.0), "multirun_per_job_s": verdict(per_job, 1.0)}}
+
+
+def _probe_run(args: list[str]) -> dict:
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(ROOT / "train.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "WANDB_SILENT": "true"})
+    total = time.time() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"train.py failed:\n{proc.stderr[-2000:]}")
+    first, last_before, previous = [], [], start
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH "):
+            kind, stamp = line.split()[1], float(line.split()[2])
+            if kind == "first_step":
+                first.append(stamp - start)
+                last_before.append(previous - start)
+            else:
+                previous = stamp
+    return {"first": first, "last_before": last_before, "total": total}
+
+
+# ----------------------------------------------------------------------------------- attention
+
+def _peak_bytes(fn) -> int | None:
+    """Peak resident memory added while fn runs: Linux resets the high-water mark on request
+    (/proc/self/clear_refs), and large tensors are their own mmaps, returned to the OS when freed."""
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None  # not Linux: no figure rather than a wrong one
+    base = status("VmRSS")
+    fn()
+    return status("VmHWM") - base
+
+
+def attention(size: str = "full") -> dict:
+    """Forward + backward of one attention layer (baby width, batch 1) vs sequence length: SDPA vs the
+    explicit softmax path, and the position schemes that act inside attention (RoPE, ALiBi, T5 bias)."""
+    from blocklab.model.attention import Attention, self_attention_context
+    from blocklab.model.position import build_position
+
+    lengths = [16, 32] if size == "tiny" else [64, 256, 1024, 4096]
+    d, h = (32, 4) if size == "tiny" else (BABY["d_model"], BABY["n_heads"])
+    rows = []
+    for length in lengths:
+        torch.manual_seed(0)
+        attn = Attention(d, h, bias=False)
+        x = torch.randn(1, length, d, requires_grad=True)
+        idx = torch.zeros(1, length, dtype=torch.long)
+        fns = {}
+        for scheme_name in ("none", "rope", "alibi", "t5_bias"):
+            scheme = build_position(scheme_name, d, h, d // h, True)
+            for path in (("sdpa", "explicit") if scheme_name == "none" else ("sdpa",)):
+                def fn(scheme=scheme, weights=path == "explicit"):
+                    ctx = self_attention_context(idx, None, None, None, scheme, True, None, need_weights=weights)
+                    attn(x, ctx).sum().backward()
+                fns[(scheme_name, path)] = fn
+        iters = 1 if size == "tiny" or length >= 1024 else 5
+        times = interleaved(fns, 1 if size == "tiny" else 3, iters, warmup=1)
+        for (scheme_name, path), fn in fns.items():
+            rows.append({"length": length, "pos": scheme_name, "path": path, "ms": round(times[(scheme_name, path)]["ms"], 3),
+                         "peak_mb": _mb(_peak_bytes(fn))})
+    by = {(r["length"], r["pos"], r["path"]): r for r in rows}
+    longest = lengths[-1]
+    sdpa, explicit = by[(longest, "none", "sdpa")], by[(longest, "none", "explicit")]
+    targets = {
+        f"sdpa_vs_explicit_time_at_{longest}": verdict(sdpa["ms"] / explicit["ms"], 1.0),
+    }
+    if sdpa["peak_mb"] is not None and explicit["peak_mb"]:
+        targets[f"sdpa_vs_explicit_memory_at_{longest}"] = verdict(sdpa["peak_mb"] / explicit["peak_mb"], 0.5)
+    for name in ("rope", "alibi", "t5_bias"):
+        targets[f"{name}_vs_nope_at_{longest}"] = verdict(by[(longest, name, "sdpa")]["ms"] / sdpa["ms"], 1.10)
+    return {"rows": rows, "targets": targets}
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else round(n / 2 ** 20, 1)
+
+
+# -------------------------------------------------------------------------------------- decode
+
+def decode(size: str = "full") -> dict:
+    """Greedy generation of 256 new tokens (batch 1, 16-token prompt) at the baby config with learned
+    positions: KV cache vs recomputing the whole sequence each token, for MHA, GQA and MQA."""
+    new, prompt_len = (8, 4) if size == "tiny" else (256, 16)
+    s = _sizes(size)
+    rows, targets = [], {}
+    prompt = [torch.randint(0, BABY["vocab"], (prompt_len,), generator=torch.Generator().manual_seed(0))]
+    for attn in ("mha", "gqa", "mqa"):
+        torch.manual_seed(0)
+        cfg = baby_config(attn=attn, max_len=prompt_len + new, **{**_model_sizes(s), "block": s["block"]})
+        model = build_model(cfg).eval()
+        caches = []
+        model.new_cache = lambda make=model.new_cache: caches.append(make()) or caches[-1]  # keep it to weigh it
+        fns = {mode: (lambda use=mode == "cached": generate(model, prompt, new, use_cache=use))
+               for mode in ("cached", "recompute")}
+        times = interleaved(fns, 1 if size == "tiny" else 3, 1, warmup=1)
+        for mode in fns:
+            rows.append({"attn": attn, "mode": mode, "ms": round(times[mode]["ms"], 1),
+                         "tokens_per_s": round(new / times[mode]["ms"] * 1000, 1),
+                         "kv_cache_bytes": caches[-1].bytes() if mode == "cached" else 0})
+        speedup = times["recompute"]["ms"] / times["cached"]["ms"]
+        rows[-2]["speedup"] = round(speedup, 2)
+        targets[f"{attn}_cached_speedup"] = verdict(speedup, 5.0, lower_is_better=False)
+    return {"rows": rows, "new_tokens": new, "targets": targets}
+
+
+# --------------------------------------------------------------------------------- activations
+
+def activations(size: str = "full") -> dict:
+    """Forward + backward of one FFN of each activation at the baby config (gated: 2/3 hidden, same
+    parameters), interleaved; relative to the fastest."""
+    s = _sizes(size)
+    x = torch.randn(s["batch"], s["block"], s["d_model"], requires_grad=True)
+    fns = {}
+    for name in ACTIVATIONS:
+        torch.manual_seed(0)
+        ffn = FFN(s["d_model"], s["d_ff"], name, bias=False)
+        fns[name] = lambda ffn=ffn: ffn(x).sum().backward()
+    times = interleaved(fns, s["rounds"], 4 * s["iters"], warmup=2)
+    fastest = min(t["ms"] for t in times.values())
+    rows = [{"act": name, "ms": round(t["ms"], 3), "vs_fastest": round(t["ms"] / fastest, 2)} for name, t in times.items()]
+    targets = {"slowest_vs_fastest": verdict(max(t["ms"] for t in times.values()) / fastest, 2.0)}
+    return {"rows": rows, "targets": targets}
+
+
+BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
+              "activations": activations}
+
+
+def to_json(results: dict) -> str:
+    return json.dumps(results, indent=2)

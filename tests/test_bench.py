@@ -1,0 +1,46 @@
+"""Smoke test of the benchmark suite at tiny size: every benchmark runs and writes its JSON fields.
+No timing thresholds: figures at this size mean nothing."""
+import json
+
+import pytest
+
+from blocklab.bench.__main__ import main
+from blocklab.bench.suites import BENCHMARKS
+
+FIELDS = {
+    "step": {"matmul_peak_gflops", "tokens_per_step"},
+    "overhead": {"overhead"},
+    "startup": {"first_step_s", "multirun_per_job_s"},
+    "attention": set(),
+    "decode": {"new_tokens"},
+    "activations": set(),
+}
+ROW_FIELDS = {
+    "step": {"axis", "variant", "ms", "tokens_per_s", "gflop_per_step", "peak_fraction", "vs_nope"},
+    "overhead": {"loop", "ms"},
+    "startup": {"measure", "s"},
+    "attention": {"length", "pos", "path", "ms", "peak_mb"},
+    "decode": {"attn", "mode", "ms", "tokens_per_s", "kv_cache_bytes"},
+    "activations": {"act", "ms", "vs_fastest"},
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "startup" else n for n in BENCHMARKS])
+def test_benchmark_runs_at_tiny_size_and_writes_json(name, tmp_path):
+    out = tmp_path / "bench.json"
+    assert main([name, "--size", "tiny", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())["benchmarks"][name]
+    assert FIELDS[name] <= set(result)
+    assert result["rows"] and all(ROW_FIELDS[name] <= set(row) for row in result["rows"])
+    assert result["targets"]
+    for verdict in result["targets"].values():
+        assert {"value", "target", "met", "off_by"} <= set(verdict)
+        assert verdict["met"] == (verdict["off_by"] == 0.0)
+
+
+def test_decode_reports_smaller_caches_for_fewer_kv_heads(tmp_path):
+    out = tmp_path / "bench.json"
+    main(["decode", "--size", "tiny", "--out", str(out)])
+    rows = json.loads(out.read_text())["benchmarks"]["decode"]["rows"]
+    size = {r["attn"]: r["kv_cache_bytes"] for r in rows if r["mode"] == "cached"}
+    assert size["mha"] == 2 * size["gqa"] == 4 * size["mqa"] > 0
