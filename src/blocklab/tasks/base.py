@@ -196,6 +196,16 @@ class SequenceTask:
         }
 
 
+def ddp_rank() -> int:
+    """This process's rank under distributed training (0 otherwise): each rank draws its own batches."""
+    return torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+
+
+def rank_suffix() -> str:
+    rank = ddp_rank()
+    return f"/rank{rank}" if rank else ""
+
+
 def _chunks(items: list, size: int):
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -212,7 +222,7 @@ class TrainStream(IterableDataset):
         task = self.task
         step = self.start_step
         while True:
-            rng = random.Random(f"{task.seed}/{task.name}/train/{step}")
+            rng = random.Random(f"{task.seed}/{task.name}/train/{step}{rank_suffix()}")
             examples = [task.sample(rng, rng.randint(task.min_len, task.max_len)) for _ in range(task.batch_size)]
             yield task.collate(examples)
             step += 1

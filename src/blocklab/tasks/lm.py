@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import IterableDataset
 
 from blocklab.errors import ConfigError
+from blocklab.tasks.base import ddp_rank
 from blocklab.tasks.corpus import cache_key, load_corpus, source_key
 from blocklab.tasks.tokenizer import tokenizer_errors, train_tokenizer
 
@@ -160,7 +161,7 @@ class RandomWindows(IterableDataset):
         valid = torch.ones(self.batch_size, self.block_size, dtype=torch.bool)
         step = self.start_step
         while True:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step + 7919 * ddp_rank())
             starts = torch.randint(len(self.ids) - self.block_size, (self.batch_size,), generator=generator)
             windows = self.ids[starts[:, None] + offsets]
             yield {"input": windows[:, :-1], "target": windows[:, 1:], "valid": valid}

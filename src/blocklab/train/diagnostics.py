@@ -28,6 +28,7 @@ class Diagnostics(Callback):
     def _measure(self, trainer, model, tag: str, step: int, gradients: list[dict], maps: bool) -> None:
         stats = forward_stats(model, self.probe, self.sparsity_eps, keep_weights=maps)
         stats["gradients"] = gradients
+        maps = maps and trainer.is_global_zero  # one writer of files under DDP
         stats = write_measurement(stats, self.out_dir, tag, maps)
         self.history.append({"tag": tag, "step": step, **stats})
         for logger in trainer.loggers:
@@ -35,8 +36,9 @@ class Diagnostics(Callback):
             if maps and hasattr(logger, "log_image"):
                 logger.log_image(key=f"diag/attention_{tag}", images=[str(self.out_dir.parent / p)
                                                                       for p in stats["attention_maps"]], step=step)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "history.json").write_text(json.dumps(self.history) + "\n")
+        if trainer.is_global_zero:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "history.json").write_text(json.dumps(self.history) + "\n")
 
     def state_dict(self) -> dict:
         return {"history": self.history}  # a resumed run keeps its measurements

@@ -8,12 +8,14 @@ import time
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from torch.utils.data import DataLoader
 
 from blocklab.errors import ConfigError
@@ -184,6 +186,7 @@ def run(cfg: DictConfig) -> float | None:
         os.replace(run_dir / RESULTS_FILE, run_dir / f"results.failed-{int(time.time())}.json")
     if not in_sweep():
         return train_and_evaluate(cfg)
+    environ = dict(os.environ)
     try:
         return train_and_evaluate(cfg)
     except Exception as err:  # a sweep goes on; the failure is recorded where the results would be
@@ -193,6 +196,20 @@ def run(cfg: DictConfig) -> float | None:
         write_results(run_dir, {"status": "failed", "error": message, "task": cfg.task.name,
                                 "overrides": list(HydraConfig.get().overrides.task)})
         return None
+    finally:
+        # Lightning's DDP leaves LOCAL_RANK, MASTER_PORT... behind, which would make the next job
+        # believe its processes were launched externally and wait for them forever.
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def relaunch_only_this_job(run_dir: Path) -> None:
+    """Lightning's DDP starts the other ranks by re-running sys.argv; inside a multirun that would
+    re-run the whole sweep (Hydra #2070). Make the command this one job, as a single run."""
+    hydra_cfg = HydraConfig.get()
+    sys.argv = [sys.argv[0], *hydra_cfg.overrides.task, f"run_dir={run_dir}"]
+    with read_write(hydra_cfg), open_dict(hydra_cfg):
+        hydra_cfg.run.dir = str(run_dir)  # Lightning passes it on as hydra.run.dir
 
 
 def decode_stats(model, task, new_tokens: int = 64, batch: int = 8) -> dict:
@@ -210,9 +227,13 @@ def decode_stats(model, task, new_tokens: int = 64, batch: int = 8) -> dict:
 
 def train_and_evaluate(cfg: DictConfig) -> float | None:
     groups, task, model_cfg, run_dir, start_step = prepare(cfg)
-    if start_step is None:
-        set_aside_checkpoints(run_dir)
-    save_config(cfg, run_dir, model_cfg, task)
+    is_rank_zero = rank_zero_only.rank == 0  # DDP re-launches this script once per extra device
+    if is_rank_zero:
+        if start_step is None:
+            set_aside_checkpoints(run_dir)
+        save_config(cfg, run_dir, model_cfg, task)
+    if in_sweep() and groups["trainer"].get("strategy") == "ddp":
+        relaunch_only_this_job(run_dir)
     L.seed_everything(groups["seed"], workers=True, verbose=False)
     picked = choices(model_cfg, groups["seed"])
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
@@ -249,6 +270,10 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
               "Run the same command again to resume.", file=sys.stderr)
         raise SystemExit(143) from None
     train_time = time.perf_counter() - start
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # the next job of a sweep starts its own group
+    if not trainer.is_global_zero:
+        return None  # rank 0 evaluates and writes the results
 
     rows = task.evaluate(lit.model)
     in_dist = [r["loss"] for r in rows if r["in_distribution"] and r["loss"] is not None]
