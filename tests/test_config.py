@@ -67,6 +67,12 @@ def test_choices_are_named_by_what_the_model_computes(tmp_path):
     ("optim.warmup_steps=-5", "optim.warmup_steps=-5 must be a non-negative integer"),
     ("model.arch=transformer_xl", "model.arch='transformer_xl' is unknown"),
     ("model.arch=encoder_decoder task=lm", "model.arch=encoder_decoder needs a source/target task"),
+    ("diagnostics.every_n_steps=0", "diagnostics.every_n_steps=0 must be a positive integer"),
+    ("diagnostics.attention_maps=some", "diagnostics.attention_maps='some' must be none, end or all"),
+    ("checkpoint_every=0", "checkpoint_every=0 must be a positive number of steps"),
+    ("task=lm task.block_size=0", "task.block_size=0 must be a positive integer"),
+    ("task=lm task.tokenizer.type=bpe", "task.tokenizer.vocab_size=None: byte-level BPE needs an integer above 256"),
+    ("task=lm task.eval_multipliers=[1,0]", "task.eval_multipliers=[1, 0] must be a non-empty list"),
 ])
 def test_bad_config_raises_one_line_naming_the_key(overrides, message, tmp_path):
     run_dir = tmp_path / "run"

@@ -139,3 +139,31 @@ def test_wandb_online_without_network_falls_back_to_offline(run_dir, monkeypatch
     assert "logging offline instead" in capsys.readouterr().err
     assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
     assert read_results(run_dir)["status"] == "completed"
+
+
+def test_a_diverging_config_is_recorded_as_diverged(run_dir, capsys):
+    """No norm, lr 10, no warmup, no clipping: the loss becomes NaN within a few steps."""
+    run_in_process(["logger=none", "diagnostics=none", "task.eval_examples=16", "norm=none", "init=default",
+                    "model.n_layers=12", "optim.lr=10", "optim.warmup_steps=0", "trainer.gradient_clip_val=null",
+                    "trainer.max_steps=200"], run_dir)
+    text = (run_dir / "results.json").read_text()
+    results = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert results["status"] == "diverged" and results["diverged_at_step"] < 200
+    assert results["steps"] == results["diverged_at_step"]
+    assert results["final_train_loss"] is None  # NaN is written as null
+    assert "diverged at step" in capsys.readouterr().err
+
+
+def test_full_disk_is_a_clear_error(run_dir, monkeypatch):
+    import errno as errno_module
+
+    from blocklab.errors import ConfigError
+    from blocklab.train.results import write_results
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno_module.ENOSPC, "No space left on device")
+
+    run_dir.mkdir()
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(ConfigError, match="No space left on device; free disk space"):
+        write_results(run_dir, {"status": "completed"})

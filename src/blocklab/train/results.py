@@ -1,10 +1,14 @@
 """results.json, the contract that sweeps, reports and other tools read, and its console summary."""
+import errno
 import json
+import math
 import os
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from blocklab.errors import ConfigError
 
 # What every run directory holds besides results.json: enough to rebuild and use the model.
 RESULTS_FILE, MODEL_FILE, TOKENIZER_FILE = "results.json", "model.json", "tokenizer.json"
@@ -17,12 +21,29 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _finite(value):
+    """JSON has no NaN/Infinity: a diverged loss is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_results(run_dir: Path, results: dict) -> Path:
-    """Write atomically, so a reader never sees half a file."""
+    """Write atomically, so a reader never sees half a file; a full disk is a clear error."""
     path = Path(run_dir) / RESULTS_FILE
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(_finite(results), indent=2, allow_nan=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ConfigError(f"cannot write {path}: {os.strerror(err.errno)}; free disk space or set "
+                              "hydra.run.dir to another disk") from None
+        raise
     return path
 
 

@@ -301,6 +301,9 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
             results["overrides"] = list(HydraConfig.get().overrides.task)
     if diagnostics is not None:
         results["diagnostics"] = diagnostics.summary()
+    if status == "diverged":
+        print(f"diverged at step {guard.diverged_at_step} (training loss {lit.last_train_loss}); results record "
+              "status 'diverged'. Lower optim.lr, add warmup or gradient clipping.", file=sys.stderr)
     path = write_results(run_dir, results)
     if logger and hasattr(logger, "log_table"):
         columns = list(rows[0])
