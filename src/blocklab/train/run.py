@@ -219,6 +219,7 @@ def decode_stats(model, task, new_tokens: int = 64, batch: int = 8) -> dict:
     bytes_per_token = 2 * cfg.n_layers * kv_heads * cfg.d_head * next(model.parameters()).element_size()
     probe = task.probe_batch(batch)
     prompts = [row[:8] for row in probe.get("source", probe["input"])]
+    new_tokens = min(new_tokens, cfg.max_len - 8)  # a learned position table ends at max_len
     start = time.perf_counter()
     generate(model, prompts, new_tokens, bos_id=getattr(task, "bos_id", None))
     elapsed = time.perf_counter() - start
