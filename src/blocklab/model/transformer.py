@@ -46,11 +46,15 @@ class Transformer(nn.Module):
         """idx (B, T) token ids; positions (B|1, T) position ids (default: continue from the cache,
         or 0..T-1); valid (B, T) False at padding. With a cache, idx holds only the new tokens.
         Returns logits (B, T, vocab), and with need_weights also a list of per-layer (B, H, T, Tk)."""
+        return self._decode(idx, positions, valid, cache, need_weights)
+
+    def _decode(self, idx, positions, valid, cache, need_weights, *cross):
+        """The causal stack over idx; `cross` = (cross-attention context, encoder memory) if any."""
         ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal,
                                      self.cfg.attn.window, need_weights)
         x = self.drop(self.pos.embed(self.tok_emb(idx), ctx.positions))
         for block in self.blocks:
-            x = block(x, ctx)
+            x = block(x, ctx, *cross)
         if cache is not None:
             cache.commit(ctx)
         logits = self.head(self.final_norm(x))
@@ -93,18 +97,8 @@ class EncoderDecoder(Transformer):
             memory = self.encode(source, source_valid)
             if cache is not None:
                 cache.memory, cache.memory_valid = memory, source_valid
-        ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal,
-                                     self.cfg.attn.window, need_weights)
         cross_ctx = cross_attention_context(source_valid, self.pos, cache, need_weights)
-        x = self.drop(self.pos.embed(self.tok_emb(idx), ctx.positions))
-        for block in self.blocks:
-            x = block(x, ctx, cross_ctx, memory)
-        if cache is not None:
-            cache.commit(ctx)
-        logits = self.head(self.final_norm(x))
-        if need_weights:
-            return logits, [block.attn.last_weights for block in self.blocks]
-        return logits
+        return self._decode(idx, positions, valid, cache, need_weights, cross_ctx, memory)
 
 
 ARCHITECTURES = {"decoder": Transformer, "encoder_decoder": EncoderDecoder}
