@@ -168,3 +168,10 @@ def test_default_lm_runs_on_the_builtin_corpus(tmp_path):
     results = read_results(tmp_path / "run")
     assert results["status"] == "completed" and results["task"] == "lm"
     assert len(results["eval"]) == 4
+
+
+def test_char_tokenizer_without_byte_fallback_is_nanogpt_sized():
+    tok = char_tokenizer("hello world\n", byte_fallback=False)
+    assert tok.get_vocab_size() == len(set("hello world\n")) + 1  # + <unk>
+    assert tok.decode(tok.encode("hello").ids) == "hello"
+    assert tok.encode("hé").tokens == ["h", "<unk>"]

@@ -1,21 +1,27 @@
 """Tokenizers for language modelling, built with HF `tokenizers`.
 
 char: one token per character seen in the training text, plus 256 byte tokens as a fallback,
-      so an unseen character is encoded as its UTF-8 bytes and never dropped.
+      so an unseen character is encoded as its UTF-8 bytes and never dropped (byte_fallback=false:
+      one <unk> token instead, nanoGPT's vocabulary).
 bpe:  byte-level BPE trained on the training text; its base alphabet is all 256 bytes."""
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from blocklab.errors import ConfigError
 
 BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+UNK = "<unk>"
 TOKENIZER_TYPES = ("char", "bpe")
 
 
-def char_tokenizer(text: str) -> Tokenizer:
+def char_tokenizer(text: str, byte_fallback: bool = True) -> Tokenizer:
+    """Without byte fallback (nanoGPT's vocabulary) an unseen character becomes <unk>: smaller
+    output layer, no exact round trip."""
     chars = sorted(set(text))
     vocab = {ch: i for i, ch in enumerate(chars)}
-    vocab.update({tok: len(chars) + i for i, tok in enumerate(BYTE_TOKENS)})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    extra = BYTE_TOKENS if byte_fallback else [UNK]
+    vocab.update({tok: len(chars) + i for i, tok in enumerate(extra)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=byte_fallback,
+                               unk_token=None if byte_fallback else UNK))
     tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
     return tok
 
@@ -36,7 +42,7 @@ def bpe_tokenizer(text: str, vocab_size: int) -> Tokenizer:
 
 def train_tokenizer(cfg: dict, text: str) -> Tokenizer:
     if cfg["type"] == "char":
-        return char_tokenizer(text)
+        return char_tokenizer(text, cfg.get("byte_fallback", True))
     return bpe_tokenizer(text, cfg["vocab_size"])
 
 
