@@ -19,7 +19,7 @@ from conftest import ROOT, compose_config
 
 SWEEPS = ROOT / "sweeps"
 EXPECTED_JOBS = {"head_count": 36, "pe_copy": 18, "pe_addition": 18, "pe_lm": 18, "init_depth": 36,
-                 "norm_placement": 48, "activations": 24, "attention_variants": 9, "causal_mask": 6,
+                 "norm_placement": 32, "activations": 24, "attention_variants": 9, "causal_mask": 6,
                  "rank_collapse": 12, "attention_scale": 18, "addition_format": 12}
 
 
