@@ -7,14 +7,8 @@ import torch.nn.functional as F
 
 from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import AttnConfig, InitConfig, PosConfig
+from variants import SCHEMES, VARIANTS
 
-SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5_bias"]
-VARIANTS = {
-    "mha": dict(n_kv_heads=None),
-    "gqa": dict(n_kv_heads=2),
-    "mqa": dict(n_kv_heads=1),
-    "local": dict(window=3),
-}
 V, D, H, DH = 20, 32, 4, 8
 
 

@@ -5,8 +5,8 @@ import torch
 from blocklab.model import EncoderDecoder, ModelConfig
 from blocklab.model.config import AttnConfig, PosConfig
 from blocklab.model.generate import generate
+from variants import SCHEMES
 
-SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5_bias"]
 
 
 def make(pos="rope", **attn):

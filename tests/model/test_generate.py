@@ -6,14 +6,8 @@ import torch
 from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import AttnConfig, InitConfig, PosConfig
 from blocklab.model.generate import generate
+from variants import SCHEMES, VARIANTS
 
-SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5_bias"]
-VARIANTS = {
-    "mha": dict(n_kv_heads=None),
-    "gqa": dict(n_kv_heads=2),
-    "mqa": dict(n_kv_heads=1),
-    "local": dict(window=3),
-}
 V = 20
 
 

@@ -8,7 +8,7 @@ from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import AttnConfig, InitConfig, PosConfig
 from blocklab.model.position import ALiBi, Learned, RoPE, Sinusoidal, T5Bias, alibi_slopes, t5_buckets
 
-SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5_bias"]
+from variants import SCHEMES  # noqa: E402  (every registered scheme)
 
 
 def make_model(pos, causal=True, n_layers=2, seed=0, std=0.2, **attn):

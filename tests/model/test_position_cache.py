@@ -7,7 +7,7 @@ from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import AttnConfig, InitConfig, PosConfig
 from blocklab.model.position import default_positions
 
-SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi", "t5_bias"]
+from variants import SCHEMES  # noqa: E402  (every registered scheme)
 VARIANTS = {"mha": {}, "gqa": {"n_kv_heads": 2}, "mqa": {"n_kv_heads": 1}, "local": {"window": 3}}
 
 
