@@ -13,36 +13,80 @@ from blocklab.model.position import PositionScheme, default_positions
 
 @dataclass
 class KVCache:
-    """Keys/values per layer plus what the mask needs to know about each cached key.
+    """Keys/values per layer, in buffers that grow by doubling, so a decoding step writes its token
+    into a free slot instead of copying the whole cache; plus what the mask needs about each held key.
+    The held keys have absolute indices start .. start + length - 1. For inference (no autograd).
     Encoder-decoder models also keep the encoder output and each layer's cross-attention K/V."""
 
     window: int | None = None
-    keys: list = field(default_factory=list)
-    values: list = field(default_factory=list)
-    index: Tensor | None = None  # (Tc,) absolute index of each cached key, for causality/window
-    positions: Tensor | None = None  # (B, Tc) position ids, for position biases
-    valid: Tensor | None = None  # (B, Tc) False where the key is padding
+    length: int = 0  # keys held, the same in every layer
+    start: int = 0  # absolute index of the first held key (> 0 once a window has dropped keys)
+    positions: Tensor | None = None  # (B, length) position ids, for position biases and the next positions
+    valid: Tensor | None = None  # (B, length) False where the key is padding; None when none is
     memory: Tensor | None = None  # encoder output (B, S, D)
     memory_valid: Tensor | None = None
     cross: dict = field(default_factory=dict)  # layer -> (k, v) of the memory
+    buffers: list = field(default_factory=list)  # per layer (K, V), each (B, H_kv, capacity, d_head)
 
     @property
     def next_index(self) -> int:
-        return 0 if self.index is None else int(self.index[-1]) + 1
+        return self.start + self.length
+
+    @property
+    def keys(self) -> list[Tensor]:
+        return [k[:, :, :self.length] for k, _ in self.buffers]
+
+    @property
+    def values(self) -> list[Tensor]:
+        return [v[:, :, :self.length] for _, v in self.buffers]
 
     def bytes(self) -> int:
+        """Bytes of the held keys and values (the buffers' spare capacity not counted)."""
         tensors = self.keys + self.values + [t for kv in self.cross.values() for t in kv]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this pass's (already rotated) keys and values after the held ones; return all of them."""
+        end = self.length + k.shape[2]
+        if layer == len(self.buffers):
+            self.buffers.append((None, None))
+        k_buf, v_buf = self.buffers[layer]
+        if k_buf is None or end > k_buf.shape[2]:
+            k_buf, v_buf = self._grown(k_buf, k, end), self._grown(v_buf, v, end)
+            self.buffers[layer] = (k_buf, v_buf)
+        k_buf[:, :, self.length:end] = k
+        v_buf[:, :, self.length:end] = v
+        return k_buf[:, :, :end], v_buf[:, :, :end]
+
+    def _grown(self, buffer: Tensor | None, new: Tensor, needed: int) -> Tensor:
+        batch, heads, _, dim = new.shape
+        grown = new.new_empty(batch, heads, max(2 * needed, 16), dim)
+        if buffer is not None:
+            grown[:, :, :self.length] = buffer[:, :, :self.length]
+        return grown
+
+    def with_new_keys(self, positions: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Positions and validity (None: no padding) of the held keys followed by new ones."""
+        k_positions = positions if self.positions is None else torch.cat((self.positions, positions), dim=1)
+        if valid is None and self.valid is None:
+            return k_positions, None
+        held = self.valid if self.valid is not None else positions.new_ones(positions.shape[0], self.length, dtype=torch.bool)
+        new = valid if valid is not None else positions.new_ones(positions.shape, dtype=torch.bool)
+        return k_positions, torch.cat((held, new), dim=1)
+
     def commit(self, ctx: "AttentionContext") -> None:
-        """After a forward pass: remember the new keys' bookkeeping, drop what a window never sees."""
-        self.index, self.positions, self.valid = ctx.k_index, ctx.k_positions, ctx.k_valid
-        if self.window is None or self.index.numel() <= self.window:
+        """After a forward pass: count the new keys, drop what a window never sees again."""
+        self.positions, self.valid = ctx.k_positions, ctx.k_valid
+        self.length = self.positions.shape[1]
+        drop = 0 if self.window is None else self.length - self.window
+        if drop <= 0:
             return
-        keep = slice(-self.window, None)  # local attention only ever looks `window` keys back
-        self.keys = [k[:, :, keep] for k in self.keys]
-        self.values = [v[:, :, keep] for v in self.values]
-        self.index, self.positions, self.valid = self.index[keep], self.positions[:, keep], self.valid[:, keep]
+        for k_buf, v_buf in self.buffers:  # local attention only ever looks `window` keys back
+            k_buf[:, :, :self.window] = k_buf[:, :, drop:self.length].clone()
+            v_buf[:, :, :self.window] = v_buf[:, :, drop:self.length].clone()
+        self.start, self.length = self.start + drop, self.window
+        self.positions = self.positions[:, drop:]
+        self.valid = None if self.valid is None else self.valid[:, drop:]
 
 
 @dataclass
@@ -55,8 +99,7 @@ class AttentionContext:
     is_causal: bool
     cache: KVCache | None = None
     need_weights: bool = False
-    # Bookkeeping of all keys (cached + new) that the cache stores after the pass.
-    k_index: Tensor | None = None
+    # Positions and validity of all keys (held + new), which the cache keeps after the pass.
     k_positions: Tensor | None = None
     k_valid: Tensor | None = None
 
@@ -67,25 +110,20 @@ def self_attention_context(idx: Tensor, positions: Tensor | None, valid: Tensor 
     """Positions, mask and position bias for self-attention over `idx` (the new tokens), continuing
     from the cache if there is one. Positions default to 0..T-1, or to the cache's next ones."""
     batch, length = idx.shape
-    device = idx.device
-    if positions is None and cache is not None and cache.positions is not None:
-        positions = cache.positions[:, -1:] + 1 + torch.arange(length, device=device)[None]
-    elif positions is None:
-        positions = default_positions(length, device)  # shared per length, so schemes can reuse their tables
-    offset = cache.next_index if cache is not None else 0
-    q_index = torch.arange(offset, offset + length, device=device)
+    if positions is None:
+        positions = default_positions(length, idx.device)  # shared per length, so schemes can reuse their tables
+        if cache is not None and cache.positions is not None:
+            positions = cache.positions[:, -1:] + 1 + positions
+    if valid is not None and bool(valid.all()):
+        valid = None  # no padding: nothing to mask, and SDPA can take its fast path
+    q_start, k_start, k_positions, k_valid = 0, 0, positions, valid
     if cache is not None:
         positions = positions.expand(batch, length)  # the cache keeps one row per sequence
-        if valid is None:
-            valid = torch.ones(batch, length, dtype=torch.bool, device=device)
-    k_index, k_positions, key_valid = q_index, positions, valid
-    if cache is not None and cache.index is not None:
-        k_index = torch.cat((cache.index, q_index))
-        k_positions = torch.cat((cache.positions, positions), dim=1)
-        key_valid = torch.cat((cache.valid, valid), dim=1)
-    mask_valid = None if key_valid is None or bool(key_valid.all()) else key_valid  # no padding: fast path
-    mask, is_causal = build_mask(q_index, k_index, causal, window, mask_valid, scheme.bias(positions, k_positions))
-    return AttentionContext(positions, scheme, mask, is_causal, cache, need_weights, k_index, k_positions, key_valid)
+        q_start, k_start = cache.next_index, cache.start
+        k_positions, k_valid = cache.with_new_keys(positions, valid)
+    mask, is_causal = build_mask(q_start, length, k_start, k_positions.shape[1], causal, window, k_valid,
+                                 scheme.bias(positions, k_positions), idx.device)
+    return AttentionContext(positions, scheme, mask, is_causal, cache, need_weights, k_positions, k_valid)
 
 
 def cross_attention_context(memory_valid: Tensor | None, scheme: PositionScheme, cache: KVCache | None,
@@ -99,22 +137,27 @@ def cross_attention_context(memory_valid: Tensor | None, scheme: PositionScheme,
 
 
 def build_mask(
-    q_index: Tensor,
-    k_index: Tensor,
+    q_start: int,
+    q_len: int,
+    k_start: int,
+    k_len: int,
     causal: bool,
     window: int | None,
     key_valid: Tensor | None,
     bias: Tensor | None,
+    device=None,
 ) -> tuple[Tensor | None, bool]:
     """Fold causality, the local window, key padding and a position bias into one float mask.
+    Queries have absolute indices q_start.., keys k_start..; the keys end with the queries themselves.
 
     Returns (mask, is_causal); mask is None when SDPA's own causal flag says it all."""
     if window is None and key_valid is None and bias is None:
-        # The keys are the cached ones followed by the queries themselves (k_index ends with q_index).
-        if not causal or q_index.numel() == k_index.numel():
-            return None, causal  # no cache: SDPA's own causal flag
-        if q_index.numel() == 1:
+        if not causal or q_len == k_len:
+            return None, causal  # no held keys: SDPA's own causal flag
+        if q_len == 1:
             return None, False  # one new token (decoding): every key is in its past
+    q_index = torch.arange(q_start, q_start + q_len, device=device)
+    k_index = torch.arange(k_start, k_start + k_len, device=device)
     offset = q_index[:, None] - k_index[None, :]  # how far back each key is
     allowed = torch.ones_like(offset, dtype=torch.bool)
     if causal:
@@ -125,7 +168,7 @@ def build_mask(
     if key_valid is not None:
         # Padding queries still see themselves, so no softmax row is empty (no NaN); their outputs are ignored.
         allowed = (allowed & key_valid[:, None, None, :]) | (offset == 0)
-    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=q_index.device)
+    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=device)
     mask = mask.masked_fill(~allowed, float("-inf"))
     if bias is not None:
         mask = mask + bias
@@ -153,25 +196,26 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=bias)
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=bias)
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
-        self.q_norm = nn.RMSNorm(self.d_head) if qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else nn.Identity()
+        self.q_norm = nn.RMSNorm(self.d_head) if qk_norm else None  # None, not Identity: a module call less
+        self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else None
         self.last_weights: Tensor | None = None
 
-    def _heads(self, x: Tensor, n: int) -> Tensor:
+    def _heads(self, x: Tensor, n: int, norm: nn.Module | None = None) -> Tensor:
         batch, length, _ = x.shape
-        return x.view(batch, length, n, self.d_head).transpose(1, 2)
+        x = x.view(batch, length, n, self.d_head).transpose(1, 2)
+        return x if norm is None else norm(x)
 
     def forward(self, x: Tensor, ctx: AttentionContext, layer: int = 0, memory: Tensor | None = None) -> Tensor:
         """Self-attention over x, or cross-attention from x to `memory` (the encoder output)."""
-        q = self.q_norm(self._heads(self.q_proj(x), self.n_heads))
+        q = self._heads(self.q_proj(x), self.n_heads, self.q_norm)
         if memory is not None:
             k, v = self._memory_kv(memory, ctx.cache, layer)
         else:
-            k = self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads))
+            k = self._heads(self.k_proj(x), self.n_kv_heads, self.k_norm)
             v = self._heads(self.v_proj(x), self.n_kv_heads)
             q, k = ctx.position_scheme.rotate(q, k, ctx.positions)
             if ctx.cache is not None:
-                k, v = self._extend_cache(ctx.cache, layer, k, v)
+                k, v = ctx.cache.extend(layer, k, v)
         dropout = self.dropout if self.training else 0.0
         if ctx.need_weights:
             y, self.last_weights = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
@@ -188,22 +232,10 @@ class Attention(nn.Module):
     def _memory_kv(self, memory: Tensor, cache: KVCache | None, layer: int) -> tuple[Tensor, Tensor]:
         if cache is not None and layer in cache.cross:
             return cache.cross[layer]
-        k = self.k_norm(self._heads(self.k_proj(memory), self.n_kv_heads))
+        k = self._heads(self.k_proj(memory), self.n_kv_heads, self.k_norm)
         v = self._heads(self.v_proj(memory), self.n_kv_heads)
         if cache is not None:
             cache.cross[layer] = (k, v)
-        return k, v
-
-    @staticmethod
-    def _extend_cache(cache: KVCache, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append this step's (already rotated) keys and values; return all of them."""
-        if layer < len(cache.keys):
-            k = torch.cat((cache.keys[layer], k), dim=2)
-            v = torch.cat((cache.values[layer], v), dim=2)
-            cache.keys[layer], cache.values[layer] = k, v
-        else:
-            cache.keys.append(k)
-            cache.values.append(v)
         return k, v
 
     def explicit(self, q, k, v, mask, is_causal, dropout) -> tuple[Tensor, Tensor]:

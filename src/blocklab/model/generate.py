@@ -29,7 +29,7 @@ def right_pad(prompts: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
     return idx.flip(1), valid.flip(1)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # cheaper per op than no_grad; nothing decoded is ever differentiated
 def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | None = None, pad_id: int = 0,
              temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None,
              use_cache: bool = True, bos_id: int | None = None) -> Tensor:

@@ -41,6 +41,9 @@ class Transformer(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(window=self.cfg.attn.window)
 
+    def _dropout(self, x: Tensor) -> Tensor:
+        return x if self.drop is None else self.drop(x)
+
     def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
                 cache: KVCache | None = None, need_weights: bool = False):
         """idx (B, T) token ids; positions (B|1, T) position ids (default: continue from the cache,
@@ -52,7 +55,7 @@ class Transformer(nn.Module):
         """The causal stack over idx; `cross` = (cross-attention context, encoder memory) if any."""
         ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal,
                                      self.cfg.attn.window, need_weights)
-        x = self.drop(self.pos.embed(self.tok_emb(idx), ctx.positions))
+        x = self._dropout(self.pos.embed(self.tok_emb(idx), ctx.positions))
         for block in self.blocks:
             x = block(x, ctx, *cross)
         if cache is not None:
@@ -82,7 +85,7 @@ class EncoderDecoder(Transformer):
         """Bidirectional pass over right-padded sources (padding is never attended to)."""
         ctx = self_attention_context(source, None, source_valid, None, self.enc_pos, False, self.cfg.attn.window,
                                      need_weights)
-        x = self.drop(self.enc_pos.embed(self.tok_emb(source), ctx.positions))
+        x = self._dropout(self.enc_pos.embed(self.tok_emb(source), ctx.positions))
         for block in self.encoder:
             x = block(x, ctx)
         return self.enc_norm(x)
