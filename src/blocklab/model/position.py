@@ -29,13 +29,14 @@ class PerPositions:
     """Remembers what a scheme derived from the last few position tensors. Every layer of a pass sees
     the same positions object, and default positions are one shared tensor per length
     (`default_positions`), so tables are built once per length, not once per layer and step.
-    Keyed by identity and version: a new or modified positions tensor is always recomputed."""
+    Keyed by identity and version: a new or modified positions tensor is always recomputed
+    (inference tensors, made during decoding, carry no version and are keyed by identity alone)."""
 
     def __init__(self, size: int = 4):
         self.size, self.entries = size, OrderedDict()
 
     def get(self, tensors: tuple[Tensor, ...], extra: tuple, make):
-        key = tuple((id(t), t._version) for t in tensors) + extra
+        key = tuple((id(t), -1 if t.is_inference() else t._version) for t in tensors) + extra
         if key in self.entries:
             self.entries.move_to_end(key)
             return self.entries[key][1]
@@ -127,31 +128,38 @@ class Learned(PositionScheme):
 
 @register("rope")
 class RoPE(PositionScheme):
-    """Su et al.: rotate each (i, i + d/2) pair of q and k by angle p * base^(-2i/d_head)."""
+    """Su et al.: rotate each pair (x_2i, x_2i+1) of q and k by angle p * base^(-2i/d_head)."""
 
     def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0):
         super().__init__(d_model, n_heads, d_head, causal)
         self.base = base
 
     def rotate(self, q, k, positions):
-        cos, sin = self.tables(positions, q.dtype)
-        return _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+        rotation = self.rotations(positions, q.dtype)
+        return _rotate_pairs(q, rotation), _rotate_pairs(k, rotation)
 
-    def tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """(cos, cos) and (-sin, sin) of every angle, (B|1, 1, T, d_head), computed once per positions tensor."""
+    def rotations(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
+        """exp(i angle) for every position and frequency, (B|1, 1, T, d_head/2), once per positions tensor."""
         def make():
             angles = _angles(positions, self.d_head, self.base)[:, None]
-            cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-            return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+            return torch.polar(torch.ones_like(angles), angles).to(_COMPLEX[_rotation_dtype(dtype)])
 
         return self.memo.get((positions,), (dtype,), make)
 
 
-def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """(x1 cos - x2 sin, x2 cos + x1 sin) for the halves x1, x2 of x, as x * cos + (x2, x1) * sin with the
-    sign folded into the sin table: bit for bit the same sums, in 4 kernels instead of 7."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((x2, x1), dim=-1) * sin
+_COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
+
+
+def _rotation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in _COMPLEX else torch.float32  # half precisions rotate in float32
+
+
+def _rotate_pairs(x: Tensor, rotation: Tensor) -> Tensor:
+    """Each pair as one complex number times exp(i angle): one kernel forward and one backward,
+    where the same rotation in real arithmetic takes 4-7 (~2x faster for a training step's q and k)."""
+    work = x.to(_rotation_dtype(x.dtype))
+    pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
