@@ -119,6 +119,7 @@ def test_head_similarity_is_one_for_identical_heads():
     assert torch.allclose(sim, torch.ones(4, 4), atol=1e-6)
     distinct = metrics.head_similarity(torch.softmax(10 * torch.randn(3, 4, 5, 5), -1))
     assert metrics.mean_off_diagonal(distinct) < 0.9
+    assert metrics.mean_off_diagonal(metrics.head_similarity(w[:, :1])) is None  # one head: no pair to compare
 
 
 def test_entropy_and_distance_of_known_patterns():

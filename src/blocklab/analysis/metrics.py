@@ -40,9 +40,10 @@ def head_similarity(weights: Tensor) -> Tensor:
     return flat @ flat.T
 
 
-def mean_off_diagonal(matrix: Tensor) -> float:
+def mean_off_diagonal(matrix: Tensor) -> float | None:
+    """Mean over pairs i != j; None for a 1 x 1 matrix (one head has no pair to compare)."""
     n = matrix.shape[0]
-    return float((matrix.sum() - matrix.diagonal().sum()) / (n * (n - 1))) if n > 1 else 0.0
+    return float((matrix.sum() - matrix.diagonal().sum()) / (n * (n - 1))) if n > 1 else None
 
 
 def norm_1_inf(x: Tensor) -> Tensor:

@@ -129,7 +129,8 @@ def summarize(stats: dict) -> dict:
         flat[f"diag/spectral_norm_max/layer{i}"] = max(layer["spectral_norm_max"])
         flat[f"diag/relative_residual/layer{i}"] = layer["relative_residual"]["fro"]
         flat[f"diag/activation_rms/layer{i}"] = layer["activation_rms"]
-        flat[f"diag/head_similarity/layer{i}"] = layer["head_similarity_mean"]
+        if layer["head_similarity_mean"] is not None:
+            flat[f"diag/head_similarity/layer{i}"] = layer["head_similarity_mean"]
         flat[f"diag/attention_entropy/layer{i}"] = sum(layer["attention_entropy"]) / len(layer["attention_entropy"])
         if layer["ffn_sparsity"] is not None:
             flat[f"diag/ffn_sparsity/layer{i}"] = layer["ffn_sparsity"]

@@ -17,7 +17,7 @@ from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER  # noqa: E
 TABLE_METRICS = ["final_val_loss", "final_train_loss", "exact_match_in", "exact_match_out", "params",
                  "tokens_per_s", "diverged", "steps_to_target_loss", "kv_cache_bytes_per_token",
                  "decode_tokens_per_s", "head_similarity", "ffn_sparsity"]
-CSV_SKIP = {"eval", "layers_init", "layers_end"}
+CSV_SKIP = {"eval", "layers_init", "layers_end", "overrides"}
 
 
 def _keys(spec_by) -> list[str]:
@@ -41,7 +41,14 @@ def group(rows: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
     groups = defaultdict(list)
     for row in rows:
         groups[tuple(row.get(k) for k in keys)].append(row)
-    return dict(sorted(groups.items(), key=lambda kv: tuple(str(v) for v in kv[0])))
+    return dict(sorted(groups.items(), key=lambda kv: tuple(_order(v) for v in kv[0])))
+
+
+def _order(value) -> tuple:
+    """Numbers in numeric order (2 before 16), then everything else by name."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value, "")
+    return (1, 0, str(value))
 
 
 def _fmt(mean, std, n) -> str:
@@ -148,18 +155,30 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def _swept(rows: list[dict]) -> dict[str, list]:
-    """Config keys that take more than one value across the runs: what the sweep varied."""
-    keys = {k for r in rows for k, v in r.items() if k not in CSV_SKIP and not isinstance(v, (dict, list))}
-    skip = {"run", "status", "error", "run_dir"} | set(TABLE_METRICS) | {"tokens_per_s", "ms_per_step", "loss_out",
-                                                                         "train_max_length"}
+    """What the sweep varied: the command-line overrides that take more than one value across the runs."""
+    keys = sorted({k for r in rows for k in r.get("overrides", {})})
     varied = {}
-    for k in sorted(keys - skip):
-        if "." not in k:
-            continue
-        values = sorted({str(r.get(k)) for r in rows})
+    for k in keys:
+        values = sorted({r["overrides"].get(k, "–") for r in rows}, key=lambda v: _order(_number(v)))
         if len(values) > 1:
             varied[k] = values
     return varied
+
+
+def _number(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _per_task(rows: list[dict], compare: list[str]) -> list[tuple[str, list[dict], list[str]]]:
+    """Losses of different tasks do not compare: a sweep over tasks is judged within each task."""
+    tasks = sorted({str(r.get("task")) for r in rows})
+    if "task" not in compare or len(tasks) < 2:
+        return [("", rows, compare)]
+    keys = [k for k in compare if k != "task"]
+    return [(f"task={t}: ", [r for r in rows if str(r.get("task")) == t], keys) for t in tasks]
 
 
 def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
@@ -186,7 +205,10 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
             data = base64.b64encode(path.read_bytes()).decode()
             parts.append(f"<figure><img alt='{html.escape(path.stem)}' src='data:image/png;base64,{data}'>"
                          f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
-        notes += [findings(done, compare, "final_val_loss" if "final_val_loss" in header else header[len(compare) + 1])]
+        metric = "final_val_loss" if "final_val_loss" in header else header[len(compare) + 1]
+        for prefix, subset, keys in _per_task(done, compare):
+            note = findings(subset, keys, metric)
+            notes.append(prefix + note if note else None)
         shown = [n for n in dict.fromkeys(notes) if n]
         if any(r["diverged"] for r in done):
             shown.append(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged.")

@@ -51,6 +51,9 @@ def load_run(run_dir: Path) -> dict:
     row = {"run": str(run_dir), "status": results["status"], "error": results.get("error")}
     row.update(_flatten(config))
     row["study"] = results.get("study") or (config.get("study") or {}).get("name")
+    row["task"] = results.get("task")
+    row["overrides"] = {k: v for k, _, v in (o.partition("=") for o in results.get("overrides", []))
+                        if k not in ("sweep", "run_dir") and not k.startswith("hydra.")}
     row.update(results.get("choices", {}))
     if results["status"] == "failed":
         return row

@@ -1,0 +1,24 @@
+"""The report's tables and findings from synthetic runs (the end-to-end report is in test_sweeps)."""
+from blocklab.report.build import group, section
+
+
+def run(task: str, heads: int, seed: int, loss: float) -> dict:
+    return {"run": f"/sweep/{task}-{heads}-{seed}", "status": "completed", "task": task, "n_heads": heads,
+            "final_val_loss": loss, "diverged": 0.0,
+            "overrides": {"task": task, "model.n_heads": str(heads), "seed": str(seed)}}
+
+
+def test_groups_are_in_numeric_order():
+    rows = [run("copy", heads, 0, 1.0) for heads in (16, 2, 1, 32)]
+    assert list(group(rows, ["n_heads"])) == [(1,), (2,), (16,), (32,)]
+
+
+def test_a_sweep_over_tasks_is_judged_within_each_task(tmp_path):
+    """Copy and LM losses are on different scales: best/worst are found per task, never across them."""
+    rows = [run("copy", h, s, 0.1 * h + 0.01 * s) for h in (1, 2, 16) for s in (0, 1)]
+    rows += [run("lm", h, s, 2.0 + 0.1 / h + 0.001 * s) for h in (1, 2, 16) for s in (0, 1)]
+    page = section("head_count", {"compare": ["task", "n_heads"]}, rows, tmp_path)
+    assert "task=copy: final_val_loss: best n_heads=1 " in page and "worst n_heads=16 " in page
+    assert "task=lm: final_val_loss: best n_heads=16 " in page and "worst n_heads=1 " in page
+    # What was swept comes from the runs' overrides, in numeric order.
+    assert "swept: model.n_heads ∈ {1, 2, 16}; seed ∈ {0, 1}; task ∈ {copy, lm}." in page
