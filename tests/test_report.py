@@ -22,3 +22,9 @@ def test_a_sweep_over_tasks_is_judged_within_each_task(tmp_path):
     assert "task=lm: final_val_loss: best n_heads=16 " in page and "worst n_heads=1 " in page
     # What was swept comes from the runs' overrides, in numeric order.
     assert "swept: model.n_heads ∈ {1, 2, 16}; seed ∈ {0, 1}; task ∈ {copy, lm}." in page
+
+
+def test_single_runs_make_no_claim_about_noise(tmp_path):
+    rows = [run("copy", heads, 0, loss) for heads, loss in ((1, 0.5), (2, 0.4))]
+    page = section("one_seed", {"compare": ["n_heads"]}, rows, tmp_path)
+    assert "one run each, so the seed spread is unknown" in page and "twice the seed spread" not in page

@@ -85,10 +85,12 @@ def findings(rows: list[dict], compare: list[str], metric: str) -> str:
     else:
         words = ("lowest", "highest")
     gap = abs(best[1] - worst[1])
-    noise = max(best[2] or 0, worst[2] or 0)
+    text = f"{metric}: {words[0]} {name(best)} ({_fmt(*best[1:])}), {words[1]} {name(worst)} ({_fmt(*worst[1:])})"
+    if best[3] < 2 or worst[3] < 2:
+        return f"{text}; one run each, so the seed spread is unknown (add seeds to judge the gap of {gap:.3g})."
+    noise = max(best[2], worst[2])
     verdict = "larger than" if gap > 2 * noise else "within"
-    return (f"{metric}: {words[0]} {name(best)} ({_fmt(*best[1:])}), {words[1]} {name(worst)} "
-            f"({_fmt(*worst[1:])}); the gap ({gap:.3g}) is {verdict} twice the seed spread ({noise:.3g}).")
+    return f"{text}; the gap ({gap:.3g}) is {verdict} twice the seed spread ({noise:.3g})."
 
 
 def _select(rows, where: dict | None):
