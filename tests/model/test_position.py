@@ -113,13 +113,16 @@ def test_sinusoidal_shift_is_a_fixed_block_rotation():
         assert (pe_pk - pe_p).abs().max() > 0.1
 
 
-def test_sinusoidal_model_adds_the_table_to_the_embeddings():
-    model = make_model("sinusoidal")
+@pytest.mark.parametrize("scale_embeddings", [True, False])
+def test_sinusoidal_model_adds_the_table_to_the_embeddings(scale_embeddings):
+    """Vaswani et al. 3.4: embeddings times sqrt(d_model), plus PE (or plain x + PE when not scaled)."""
+    sin = Sinusoidal(d_model=32, n_heads=4, d_head=8, scale_embeddings=scale_embeddings).double()
     x = torch.randn(2, 5, 32, dtype=torch.float64)
     positions = torch.tensor([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]])
     angles = positions.double()[..., None] * frequencies(32)
     expected = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
-    torch.testing.assert_close(model.pos.embed(x, positions) - x, expected, rtol=0, atol=5e-5)
+    scale = 32 ** 0.5 if scale_embeddings else 1.0
+    torch.testing.assert_close(sin.embed(x, positions) - scale * x, expected, rtol=0, atol=5e-5)
 
 
 # ---------------------------------------------------------------------------------------- ALiBi

@@ -91,11 +91,14 @@ def _angles(positions: Tensor, dim: int, base: float) -> Tensor:
 
 @register("sinusoidal")
 class Sinusoidal(PositionScheme):
-    """Vaswani et al.: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/d)."""
+    """Vaswani et al.: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/d), added to
+    the token embeddings multiplied by sqrt(d) as in the paper (scale_embeddings). Unscaled, a
+    small-init embedding is drowned by the unit-amplitude PE and a model barely learns."""
 
-    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0):
+    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0, scale_embeddings: bool = True):
         super().__init__(d_model, n_heads, d_head, causal)
         self.base = base
+        self.embed_scale = math.sqrt(d_model) if scale_embeddings else 1.0
 
     def table(self, positions: Tensor) -> Tensor:
         return self.memo.get((positions,), (), lambda: self._table(positions))
@@ -105,7 +108,7 @@ class Sinusoidal(PositionScheme):
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
 
     def embed(self, x, positions):
-        return x + self.table(positions).to(x.dtype)
+        return x * self.embed_scale + self.table(positions).to(x.dtype)
 
 
 @register("learned")

@@ -21,7 +21,12 @@ class DivergenceGuard(Callback):
 
 
 class StepProgressBar(RichProgressBar):
-    """Rich progress over optimizer steps (the training stream is endless, so epochs mean nothing)."""
+    """Rich progress over optimizer steps (the training stream is endless, so epochs mean nothing).
+    Redrawn 4 times a second: Lightning's default of 100 renders after nearly every small step,
+    in a thread that holds the GIL (~1.5 ms, 5% of a baby-GPT step)."""
+
+    def __init__(self, refresh_rate: int = 4, **kwargs):
+        super().__init__(refresh_rate=refresh_rate, **kwargs)
 
     def _get_train_description(self, current_epoch: int) -> str:
         return "train"
