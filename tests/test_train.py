@@ -97,7 +97,7 @@ def test_guard_catches_non_finite_loss():
 def test_cli_tiny_model_learns_copy(tmp_path):
     """The point of the tool in one run: near-perfect inside the training lengths."""
     run_dir = tmp_path / "copy"
-    proc = run_cli(["logger=none", "trainer.max_steps=800", "trainer.val_check_interval=400", "task.max_len=8",
+    proc = run_cli(["logger=none", "trainer.max_steps=1000", "trainer.val_check_interval=500", "task.max_len=8",
                     "task.eval_lengths=[4,8,12]", f"hydra.run.dir={run_dir}"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = read_results(run_dir)
