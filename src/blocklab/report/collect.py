@@ -4,7 +4,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from blocklab.train.results import RESULTS_FILE
+from blocklab.train.results import RESULTS_FILE, swept_overrides
 
 HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "tokens_per_s",
                     "decode_tokens_per_s"}
@@ -52,8 +52,7 @@ def load_run(run_dir: Path) -> dict:
     row.update(_flatten(config))
     row["study"] = results.get("study") or (config.get("study") or {}).get("name")
     row["task"] = results.get("task")
-    row["overrides"] = {k: v for k, _, v in (o.partition("=") for o in results.get("overrides", []))
-                        if k not in ("sweep", "run_dir") and not k.startswith("hydra.")}
+    row["overrides"] = dict(o.partition("=")[::2] for o in swept_overrides(results.get("overrides", [])))
     row.update(results.get("choices", {}))
     if results["status"] == "failed":
         return row

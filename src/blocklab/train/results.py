@@ -17,6 +17,12 @@ STATUSES = ("completed", "diverged", "failed")
 METRICS = ("exact_match", "token_acc", "loss", "perplexity", "bits_per_char")  # shown when a task reports them
 
 
+def swept_overrides(overrides: list[str]) -> list[str]:
+    """A sweep job's overrides that say what it varied (not which sweep it is, nor where it writes):
+    its W&B tags, and what the report lists as swept."""
+    return [o for o in overrides if not o.startswith(("sweep=", "hydra.", "run_dir="))]
+
+
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.3f}"
 

@@ -29,7 +29,7 @@ from blocklab.train.module import LitTransformer
 from blocklab.train.resume import resume_step, set_aside_checkpoints
 from blocklab.model.generate import generate
 from blocklab.train.results import (CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, read_results,
-                                    write_results)
+                                    swept_overrides, write_results)
 
 
 # Lightning advertises its cloud products on every run; keep the console for the experiment.
@@ -160,7 +160,7 @@ def sweep_tags_and_group(groups: dict) -> dict:
     hydra_cfg = HydraConfig.get()
     marker = Path(hydra_cfg.sweep.dir) / "multirun.yaml"  # Hydra rewrites it at every launch
     launch = time.strftime("%Y%m%d-%H%M%S", time.localtime(marker.stat().st_mtime)) if marker.exists() else "run"
-    tags = [o for o in hydra_cfg.overrides.task if not o.startswith(("sweep=", "hydra.", "run_dir="))]
+    tags = swept_overrides(hydra_cfg.overrides.task)
     return {"group": f"{study['name']}-{launch}", "tags": [t[:64] for t in tags]}
 
 
