@@ -54,6 +54,8 @@ def test_choices_are_named_by_what_the_model_computes(tmp_path):
     ("model.d_model=60 model.n_heads=12", "pos=rope needs an even head dimension"),
     ("pos=sinusoidal model.d_model=63 model.n_heads=7", "pos=sinusoidal needs an even model.d_model"),
     ("pos=t5_bias pos.num_buckets=2", "pos.num_buckets=2"),
+    ("pos=sinusoidal pos.scale_embeddings=maybe", "pos.scale_embeddings='maybe' must be true or false"),
+    ("pos=rope pos.base=big", "pos.base='big' must be a number"),
     ("norm.type=batchnorm", "norm.type='batchnorm' is unknown"),
     ("norm.placement=middle", "norm.placement='middle' is unknown"),
     ("act.name=tanh", "act.name='tanh' is unknown"),

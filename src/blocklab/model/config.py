@@ -173,9 +173,16 @@ class ModelConfig:
         if scheme is None:
             return [f"pos.name={self.pos.name!r} is unknown; use one of {list(POSITION_SCHEMES)}"]
         errs = []
-        accepted = set(inspect.signature(scheme.__init__).parameters) - {"self", "d_model", "n_heads", "d_head", "causal"}
+        params = inspect.signature(scheme.__init__).parameters
+        accepted = set(params) - {"self", "d_model", "n_heads", "d_head", "causal"}
         for key in sorted(set(self.pos.options) - accepted):
             errs.append(f"pos.{key} is not an option of pos={self.pos.name}; its options are {sorted(accepted)}")
+        for key, value in sorted(self.pos.options.items()):
+            default = params[key].default if key in accepted else None
+            if value is not None and default is not None and not _same_kind(value, default):
+                errs.append(f"pos.{key}={value!r} must be {'true or false' if isinstance(default, bool) else 'a number'}")
+        if errs:
+            return errs  # the checks below compute with the options
         if self.pos.name == "rope" and self.d_model % self.n_heads == 0 and self.d_head % 2:
             errs.append(f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {self.d_head}; "
                         "change model.n_heads or model.d_model")
@@ -192,3 +199,12 @@ class ModelConfig:
                 errs.append(f"pos.num_buckets={buckets} / pos.max_distance={distance}: need num_buckets >= 4 and "
                             f"max_distance > {exact} (the exact-bucket range)")
         return errs
+
+
+def _same_kind(value, default) -> bool:
+    """A bool option takes a bool; a numeric one any number but a bool."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
