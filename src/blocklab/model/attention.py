@@ -223,10 +223,13 @@ class Attention(nn.Module):
             # The mask must share q's dtype: torch's CPU SDPA silently mis-reads a float32 mask with
             # float64 q/k/v from length 16 on (masks are built in float32; .to is free when they match).
             mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
-                scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads,
-            )
+            if mask is not None and mask.requires_grad and dropout == 0.0 and torch.is_grad_enabled():
+                y = LearnedBiasAttention.apply(q, k, v, mask, self.scale)
+            else:
+                y = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
+                    scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads,
+                )
         return self.out_proj(y.transpose(1, 2).flatten(2))
 
     def _memory_kv(self, memory: Tensor, cache: KVCache | None, layer: int) -> tuple[Tensor, Tensor]:
@@ -250,3 +253,44 @@ class Attention(nn.Module):
             scores = scores + mask
         weights = scores.softmax(dim=-1)
         return F.dropout(weights, dropout) @ v, weights
+
+
+class LearnedBiasAttention(torch.autograd.Function):
+    """SDPA with a float mask that is trained (T5's bias). Given a mask that needs gradients, torch's
+    CPU SDPA falls back to its unfused math path, whose empty-row checks (isneginf, all, where) and
+    copies cost ~0.5 ms a layer at the baby config. Here the forward is SDPA's fused kernel with the
+    mask as a constant, and the backward is softmax attention's gradient written out: with
+    P = softmax(S), S = scale q k^T + mask, dS = P * (dP - rowsum(dO * O)) is also the mask's gradient.
+    Only without dropout (the fused forward's dropout pattern cannot be replayed); every query sees
+    at least one key (build_mask guarantees it), so no softmax row is empty."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        # detached: SDPA picks its kernel by requires_grad, even where autograd is off as here
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.detach(), scale=scale,
+                                             enable_gqa=k.shape[1] != q.shape[1])
+        ctx.save_for_backward(q, k, v, mask, out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, mask, out = ctx.saved_tensors
+        group = q.shape[1] // k.shape[1]  # query heads per K/V head (GQA/MQA)
+        k_all, v_all = (k, v) if group == 1 else (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
+        # In place where a temporary is not needed again: each is a (B, H, T, T) pass saved.
+        probs = torch.softmax((q @ k_all.transpose(-2, -1)).mul_(ctx.scale).add_(mask), dim=-1)
+        grad_probs = grad_out @ v_all.transpose(-2, -1)
+        grad_scores = grad_probs.sub_((grad_out * out).sum(-1, keepdim=True)).mul_(probs)
+        grad_q = (grad_scores @ k_all).mul_(ctx.scale)
+        grad_k = (grad_scores.transpose(-2, -1) @ q).mul_(ctx.scale)
+        grad_v = probs.transpose(-2, -1) @ grad_out
+        if group > 1:  # each K/V head served `group` query heads
+            grad_k, grad_v = (g.unflatten(1, (-1, group)).sum(2) for g in (grad_k, grad_v))
+        return grad_q, grad_k, grad_v, _sum_to(grad_scores, mask.shape), None
+
+
+def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """The gradient of a tensor that was broadcast up to grad's shape."""
+    dims = [i for i, (g, s) in enumerate(zip(grad.shape, shape)) if s == 1 and g != 1]
+    return grad.sum(dims, keepdim=True) if dims else grad
