@@ -98,3 +98,34 @@ def test_eos_stops_a_row_and_pads_after_it():
         stop = int(hits[0, 0]) + 1 if len(hits) else out.shape[1]
         assert torch.equal(out[row, :stop], free[row, :stop])
         assert bool((out[row, stop:] == 0).all())
+
+
+def test_generation_ends_when_every_row_has_emitted_eos():
+    model = make_model("rope")
+    prompts = make_prompts()
+    free = generate(model, prompts, max_new_tokens=8)
+    eos = int(free[1, 0])
+    firsts = [int((row == eos).nonzero()[0, 0]) if bool((row == eos).any()) else 8 for row in free]
+    out = generate(model, prompts, max_new_tokens=8, eos_id=eos)
+    assert out.shape == (3, max(firsts) + 1 if max(firsts) < 8 else 8)
+    alone = generate(model, prompts[1:2], max_new_tokens=8, eos_id=eos)
+    assert alone.tolist() == [[eos]]  # its first token: nothing decoded after
+
+
+def test_decoding_uses_native_kernels_and_restores_the_setting():
+    """Decoding turns oneDNN off (its per-call set-up costs more than a step's tiny ops) without
+    changing results, and leaves torch's setting as it found it, also when decoding fails."""
+    from blocklab.model.generate import decoding
+
+    model = make_model("rope").float()
+    idx = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = model(idx)
+    before = torch.backends.mkldnn.enabled
+    with decoding():
+        assert not torch.backends.mkldnn.enabled and torch.is_inference_mode_enabled()
+        torch.testing.assert_close(model(idx), reference, rtol=1e-5, atol=1e-6)
+    assert torch.backends.mkldnn.enabled == before
+    with pytest.raises(IndexError):
+        generate(model, [torch.tensor([V + 5])], max_new_tokens=2)  # a token past the vocabulary
+    assert torch.backends.mkldnn.enabled == before

@@ -54,9 +54,9 @@ class KVCache:
         if k_buf is None or end > k_buf.shape[2]:
             k_buf, v_buf = self._grown(k_buf, k, end), self._grown(v_buf, v, end)
             self.buffers[layer] = (k_buf, v_buf)
-        k_buf[:, :, self.length:end] = k
-        v_buf[:, :, self.length:end] = v
-        return k_buf[:, :, :end], v_buf[:, :, :end]
+        k_buf.narrow(2, self.length, k.shape[2]).copy_(k)
+        v_buf.narrow(2, self.length, v.shape[2]).copy_(v)
+        return k_buf.narrow(2, 0, end), v_buf.narrow(2, 0, end)
 
     def _grown(self, buffer: Tensor | None, new: Tensor, needed: int) -> Tensor:
         batch, heads, _, dim = new.shape

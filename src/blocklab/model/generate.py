@@ -1,4 +1,6 @@
 """Autoregressive decoding: greedy or sampled, with or without the KV cache."""
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
@@ -29,7 +31,23 @@ def right_pad(prompts: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
     return idx.flip(1), valid.flip(1)
 
 
-@torch.inference_mode()  # cheaper per op than no_grad; nothing decoded is ever differentiated
+@contextmanager
+def decoding():
+    """What a decoding loop runs under: inference_mode (cheaper per op than no_grad; nothing decoded
+    is differentiated) and torch's own CPU kernels instead of oneDNN's. Decoding steps are a few
+    thousand numbers per op, where oneDNN's set-up per call (~7 us for float32 exact GELU, whatever
+    the size) costs more than the work; torch's kernels take ~1 us. A 256-token decode of the baby
+    model runs ~13% faster so, one sequence or a batch of 8."""
+    previous = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        torch.backends.mkldnn.enabled = previous
+
+
+@decoding()
 def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | None = None, pad_id: int = 0,
              temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None,
              use_cache: bool = True, bos_id: int | None = None) -> Tensor:
@@ -53,13 +71,11 @@ def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | No
     out = []
     for step in range(max_new_tokens):
         token = _next_token(logits[:, -1], temperature, top_k, generator)
-        token = token.masked_fill(done, pad_id)
-        out.append(token)
-        if eos_id is not None:
+        if eos_id is not None:  # without an EOS no row is ever done
+            token = token.masked_fill(done, pad_id)
             done |= token == eos_id
-            if bool(done.all()):
-                break
-        if step == max_new_tokens - 1:
+        out.append(token)
+        if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
             break
         if use_cache:
             logits = model(token[:, None], cache=cache)
