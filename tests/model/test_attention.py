@@ -156,18 +156,22 @@ def test_gqa_equals_mha_with_kv_heads_repeated_per_group(pos, n_kv, need_weights
 
 # --------------------------------------------------------------------------- SDPA vs explicit
 
+def left_padding(padded: bool) -> dict:
+    """Model inputs for a batch of 2 x 9 whose first row starts with 3 padding tokens (or none)."""
+    if not padded:
+        return {}
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[0, :3] = False
+    return dict(valid=valid, positions=(valid.long().cumsum(1) - 1).clamp(min=0))
+
+
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "left_padded"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("pos", SCHEMES)
 def test_sdpa_and_explicit_paths_agree(pos, variant, causal, padded):
     model = make_model(pos, causal=causal, **VARIANTS[variant])
-    idx = tokens((2, 9))
-    kw = {}
-    if padded:
-        valid = torch.ones(2, 9, dtype=torch.bool)
-        valid[0, :3] = False
-        kw = dict(valid=valid, positions=(valid.long().cumsum(1) - 1).clamp(min=0))
+    idx, kw = tokens((2, 9)), left_padding(padded)
     fast = forward(model, idx, **kw)
     with torch.no_grad():
         slow, weights = model(idx, need_weights=True, **kw)
@@ -205,12 +209,7 @@ def test_sdpa_and_explicit_paths_give_the_same_gradients(pos, variant, causal, p
     """Training goes through the fast path (T5's trained bias through its own backward); its
     gradients, the position parameters' included, are those of softmax attention written out."""
     model = make_model(pos, causal=causal, **VARIANTS[variant])
-    idx = tokens((2, 9))
-    kw = {}
-    if padded:
-        valid = torch.ones(2, 9, dtype=torch.bool)
-        valid[0, :3] = False
-        kw = dict(valid=valid, positions=(valid.long().cumsum(1) - 1).clamp(min=0))
+    idx, kw = tokens((2, 9)), left_padding(padded)
     fast, slow = _grads(model, idx, False, **kw), _grads(model, idx, True, **kw)
     assert fast.keys() == slow.keys() == {name for name, _ in model.named_parameters()}
     for name in fast:
