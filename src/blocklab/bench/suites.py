@@ -69,6 +69,11 @@ def step(size: str = "full") -> dict:
         for row in rows:
             row["vs_nanogpt"] = round(row["ms"] / ref, 3)
         targets["baby_vs_nanogpt"] = verdict(times[("pos", "learned")]["ms"] / ref, 0.90)
+        # nanoGPT does the same matmuls (fused QKV, tied head), so the same FLOPs per step.
+        baby_flops = train_flops(variants[("pos", "learned")], s["batch"], s["block"])
+        out["nanogpt_peak_fraction"] = round(baby_flops / (ref / 1000) / 1e9 / peak, 3)
+        baby = next(row for row in rows if row["axis"] == "pos" and row["variant"] == "learned")
+        targets["baby_peak_fraction"] = verdict(baby["peak_fraction"], 0.55, lower_is_better=False)
     return out
 
 
