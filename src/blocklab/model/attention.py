@@ -287,10 +287,5 @@ class LearnedBiasAttention(torch.autograd.Function):
         grad_v = probs.transpose(-2, -1) @ grad_out
         if group > 1:  # each K/V head served `group` query heads
             grad_k, grad_v = (g.unflatten(1, (-1, group)).sum(2) for g in (grad_k, grad_v))
-        return grad_q, grad_k, grad_v, _sum_to(grad_scores, mask.shape), None
+        return grad_q, grad_k, grad_v, grad_scores.sum_to_size(mask.shape), None  # mask may be broadcast
 
-
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    """The gradient of a tensor that was broadcast up to grad's shape."""
-    dims = [i for i, (g, s) in enumerate(zip(grad.shape, shape)) if s == 1 and g != 1]
-    return grad.sum(dims, keepdim=True) if dims else grad
