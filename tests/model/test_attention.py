@@ -127,6 +127,24 @@ def repeat_kv(weight: torch.Tensor, groups: int) -> torch.Tensor:
     return weight.reshape(n_kv, DH, *weight.shape[1:]).repeat_interleave(groups, dim=0).reshape(-1, *weight.shape[1:])
 
 
+def tile_kv(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """The wrong grouping: the K/V heads copied as a whole, so query heads interleave across groups."""
+    n_kv = weight.shape[0] // DH
+    return weight.reshape(n_kv, DH, *weight.shape[1:]).repeat(groups, *([1] * weight.dim())).reshape(
+        -1, *weight.shape[1:])
+
+
+def with_kv_rows(state: dict, expand) -> dict:
+    """The state with each layer's W_k and W_v rows (and biases) of qkv_proj replaced by expand(rows)."""
+    out = dict(state)
+    for name, value in state.items():
+        if ".qkv_proj." in name:
+            n_kv = (value.shape[0] // DH - H) // 2
+            q, k, v = value.split((H * DH, n_kv * DH, n_kv * DH))
+            out[name] = torch.cat((q, expand(k), expand(v)))
+    return out
+
+
 @pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
 @pytest.mark.parametrize("n_kv", [2, 1])
 @pytest.mark.parametrize("pos", ["rope", "alibi", "t5_bias"])
@@ -134,24 +152,56 @@ def test_gqa_equals_mha_with_kv_heads_repeated_per_group(pos, n_kv, need_weights
     """Query head h reads K/V head h // (n_heads / n_kv_heads): consecutive heads form a group."""
     gqa = make_model(pos, n_kv_heads=n_kv)
     mha = make_model(pos, seed=5)
-    state = gqa.state_dict()
-    for name, value in list(state.items()):
-        if ".k_proj." in name or ".v_proj." in name:
-            state[name] = repeat_kv(value, H // n_kv)
-    mha.load_state_dict(state)
+    mha.load_state_dict(with_kv_rows(gqa.state_dict(), lambda w: repeat_kv(w, H // n_kv)))
     idx = tokens((2, 9))
     torch.testing.assert_close(forward(gqa, idx, need_weights), forward(mha, idx, need_weights),
                                rtol=1e-10, atol=1e-10)
     # Sanity: a different grouping (heads interleaved across groups) gives different outputs.
     other = make_model(pos, seed=5)
-    for name, value in list(gqa.state_dict().items()):
-        if ".k_proj." in name or ".v_proj." in name:
-            n = value.shape[0] // DH
-            state[name] = value.reshape(n, DH, *value.shape[1:]).repeat(H // n, *([1] * value.dim())).reshape(
-                -1, *value.shape[1:])
-    other.load_state_dict(state)
+    other.load_state_dict(with_kv_rows(gqa.state_dict(), lambda w: tile_kv(w, H // n_kv)))
     if n_kv > 1:
         assert (forward(other, idx, need_weights) - forward(gqa, idx, need_weights)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("n_kv", [None, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_stacked_projection_is_three_separate_matrices(n_kv):
+    """qkv_proj's rows are W_q, W_k, W_v in that order: attention computed from three separate
+    linear maps built from projection('q'/'k'/'v') gives the module's output."""
+    from blocklab.model.attention import AttentionContext
+    from blocklab.model.position import NoPE
+
+    torch.manual_seed(0)
+    attn = make_model("none", n_layers=1, n_kv_heads=n_kv).blocks[0].attn
+    kv = n_kv or H
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    ctx = AttentionContext(torch.arange(6)[None], NoPE(D, H, DH), None, True)
+    with torch.no_grad():
+        (w_q, b_q), (w_k, b_k), (w_v, b_v) = (attn.projection(part) for part in "qkv")
+        assert w_q.shape == (H * DH, D) and w_k.shape == w_v.shape == (kv * DH, D)
+        q = F.linear(x, w_q, b_q).view(2, 6, H, DH).transpose(1, 2)
+        k, v = (F.linear(x, w, b).view(2, 6, kv, DH).transpose(1, 2).repeat_interleave(H // kv, dim=1)
+                for w, b in ((w_k, b_k), (w_v, b_v)))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+        torch.testing.assert_close(attn(x, ctx), attn.out_proj(y), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_kv", [None, 2], ids=["mha", "gqa"])
+def test_checkpoints_with_separate_q_k_v_projections_still_load(n_kv):
+    """State dicts saved before the stacked projection (q_proj, k_proj, v_proj) load into qkv_proj."""
+    model = make_model("rope", n_kv_heads=n_kv)
+    old = {}
+    for name, value in model.state_dict().items():
+        if ".qkv_proj." not in name:
+            old[name] = value
+            continue
+        attn = model.get_submodule(name.split(".qkv_proj.")[0])
+        kind = name.rsplit(".", 1)[1]
+        for part in "qkv":
+            old[name.replace("qkv_proj", f"{part}_proj")] = attn.projection(part)[kind == "bias"].clone()
+    fresh = make_model("rope", seed=5, n_kv_heads=n_kv)
+    fresh.load_state_dict(old)
+    idx = tokens((2, 9))
+    torch.testing.assert_close(forward(fresh, idx), forward(model, idx), rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- SDPA vs explicit
@@ -252,8 +302,9 @@ def test_attention_weights_match_hand_computation(scale, value, n_kv):
         x = F.layer_norm(model.tok_emb.weight[idx], (D,), eps=1e-5)
         attn = model.blocks[0].attn
         kv = n_kv or H
-        q = (x @ attn.q_proj.weight.T + attn.q_proj.bias).view(2, 7, H, DH).transpose(1, 2)
-        k = (x @ attn.k_proj.weight.T + attn.k_proj.bias).view(2, 7, kv, DH).transpose(1, 2)
+        (w_q, b_q), (w_k, b_k) = attn.projection("q"), attn.projection("k")
+        q = (x @ w_q.T + b_q).view(2, 7, H, DH).transpose(1, 2)
+        k = (x @ w_k.T + b_k).view(2, 7, kv, DH).transpose(1, 2)
         k = k[:, [h * kv // H for h in range(H)]]  # query head h reads kv head h // (H / kv)
         scores = (q @ k.transpose(-1, -2)) * value
         scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))

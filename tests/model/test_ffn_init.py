@@ -112,15 +112,17 @@ def init_model(name, placement="pre", std=0.02):
     return Transformer(cfg)
 
 
-def xavier(linear):
-    fan_out, fan_in = linear.weight.shape
+def xavier(weight):
+    fan_out, fan_in = weight.shape
     return math.sqrt(2 / (fan_in + fan_out))
 
 
-def linears(block):
+def matrices(block):
+    """(weight, bias) of each matrix in the block, W_q, W_k and W_v as the rows of the stacked projection."""
     a, f = block.attn, block.ffn
-    return {"q": a.q_proj, "k": a.k_proj, "v": a.v_proj, "attn_out": a.out_proj, "ffn_in": f.in_proj,
-            "ffn_out": f.out_proj}
+    return {"q": a.projection("q"), "k": a.projection("k"), "v": a.projection("v"),
+            **{key: (m.weight, m.bias) for key, m in (("attn_out", a.out_proj), ("ffn_in", f.in_proj),
+                                                      ("ffn_out", f.out_proj))}}
 
 
 def check_std(tensor, expected, what):
@@ -136,8 +138,8 @@ def check_biases_zero(model):
 
 def check_layers(model, expected: dict):
     for i, block in enumerate(model.blocks):
-        for key, linear in linears(block).items():
-            check_std(linear.weight, expected[key](linear), f"layer {i} {key}")
+        for key, (weight, _) in matrices(block).items():
+            check_std(weight, expected[key](weight), f"layer {i} {key}")
 
 
 def test_init_normal():
@@ -165,8 +167,8 @@ def test_init_xavier():
     model = init_model("xavier")
     check_layers(model, {k: xavier for k in ("q", "k", "v", "attn_out", "ffn_in", "ffn_out")})
     # the matrices differ in shape, so the stds differ: q (128x128) vs ffn_in (512x128)
-    assert xavier(model.blocks[0].attn.q_proj) == pytest.approx(math.sqrt(2 / 256))
-    assert xavier(model.blocks[0].ffn.in_proj) == pytest.approx(math.sqrt(2 / 640))
+    assert xavier(model.blocks[0].attn.projection("q")[0]) == pytest.approx(math.sqrt(2 / 256))
+    assert xavier(model.blocks[0].ffn.in_proj.weight) == pytest.approx(math.sqrt(2 / 640))
     check_biases_zero(model)
 
 
@@ -199,7 +201,7 @@ def test_deepnorm_placement_scales_normal_init_by_beta():
 def test_init_default_keeps_pytorch_defaults():
     model = init_model("default")
     # nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), std 1/sqrt(3 fan_in)
-    check_layers(model, {k: (lambda l: 1 / math.sqrt(3 * l.weight.shape[1]))
+    check_layers(model, {k: (lambda w: 1 / math.sqrt(3 * w.shape[1]))
                          for k in ("q", "k", "v", "attn_out", "ffn_in", "ffn_out")})
 
 
@@ -207,10 +209,10 @@ def test_init_zero_branch_makes_every_block_the_identity():
     model = init_model("zero_branch").double().eval()
     for i, block in enumerate(model.blocks):
         for key in ("attn_out", "ffn_out"):
-            linear = linears(block)[key]
-            assert bool((linear.weight == 0).all()) and bool((linear.bias == 0).all()), f"layer {i} {key}"
+            weight, bias = matrices(block)[key]
+            assert bool((weight == 0).all()) and bool((bias == 0).all()), f"layer {i} {key}"
         for key in ("q", "k", "v", "ffn_in"):
-            check_std(linears(block)[key].weight, 0.02, f"layer {i} {key}")
+            check_std(matrices(block)[key][0], 0.02, f"layer {i} {key}")
     seen = []
     for block in model.blocks:
         block.register_forward_hook(lambda m, args, out: seen.append((args[0], out)))

@@ -174,9 +174,9 @@ def test_alibi_bias_is_minus_slope_times_distance():
 def zero_queries_and_keys(model):
     with torch.no_grad():
         for block in model.blocks:
-            for proj in (block.attn.q_proj, block.attn.k_proj):
-                proj.weight.zero_()
-                proj.bias.zero_()
+            for part in "qk":
+                for tensor in block.attn.projection(part):
+                    tensor.zero_()
 
 
 def test_alibi_attention_weights_follow_the_bias():

@@ -30,15 +30,15 @@ def prenorm_score_bounds(model, block) -> list[float] | None:
         rows_q = slice(head * attn.d_head, (head + 1) * attn.d_head)
         kv = head // group
         rows_k = slice(kv * attn.d_head, (kv + 1) * attn.d_head)
-        q_max = _row_block_bound(attn.q_proj, rows_q, radius)
-        k_max = _row_block_bound(attn.k_proj, rows_k, radius)
+        q_max = _row_block_bound(*attn.projection("q"), rows_q, radius)
+        k_max = _row_block_bound(*attn.projection("k"), rows_k, radius)
         bounds.append(attn.scale * q_max * k_max)
     return bounds
 
 
-def _row_block_bound(linear, rows: slice, radius: float) -> float:
-    sigma = float(torch.linalg.matrix_norm(linear.weight[rows].double(), ord=2))
-    bias = float(linear.bias[rows].norm()) if linear.bias is not None else 0.0
+def _row_block_bound(weight: Tensor, bias: Tensor | None, rows: slice, radius: float) -> float:
+    sigma = float(torch.linalg.matrix_norm(weight[rows].double(), ord=2))
+    bias = float(bias[rows].norm()) if bias is not None else 0.0
     return sigma * radius + bias
 
 

@@ -2,7 +2,8 @@
 (GPT-2 residual scaling, DeepNet beta) read the depth from the config."""
 import math
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from blocklab.model.attention import Attention
 from blocklab.model.ffn import FFN
@@ -25,15 +26,28 @@ def branch_outputs(model) -> list[nn.Linear]:
     return [m.out_proj for m in model.modules() if isinstance(m, (Attention, FFN))]
 
 
-def deepnet_scaled(model) -> list[nn.Linear]:
+def deepnet_scaled(model) -> list[Tensor]:
     """DeepNet scales the value, attention-output and FFN matrices by beta (not queries/keys)."""
-    layers = []
+    weights = []
     for module in model.modules():
         if isinstance(module, Attention):
-            layers += [module.v_proj, module.out_proj]
+            weights += [module.projection("v")[0], module.out_proj.weight]
         elif isinstance(module, FFN):
-            layers += [module.in_proj, module.out_proj]
-    return layers
+            weights += [module.in_proj.weight, module.out_proj.weight]
+    return weights
+
+
+def weight_matrices(model) -> list[Tensor]:
+    """Every linear layer's weight but the output head's, with the stacked q/k/v projection as the
+    three matrices it holds: Xavier's fan-out is that of W_q, not of [W_q; W_k; W_v]."""
+    stacked = {id(m.qkv_proj): m for m in model.modules() if isinstance(m, Attention)}
+    weights = []
+    for module in model.modules():
+        if id(module) in stacked:
+            weights += [stacked[id(module)].projection(part)[0] for part in "qkv"]
+        elif isinstance(module, nn.Linear) and module is not getattr(model, "head", None):
+            weights.append(module.weight)
+    return weights
 
 
 def init_default(model, cfg):
@@ -52,9 +66,8 @@ def init_gpt2(model, cfg):
 
 def init_xavier(model, cfg):
     _normal(model, cfg.init.std)  # embeddings
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and module is not getattr(model, "head", None):
-            nn.init.xavier_normal_(module.weight)
+    for weight in weight_matrices(model):
+        nn.init.xavier_normal_(weight)
 
 
 def init_small(model, cfg):
@@ -66,8 +79,8 @@ def init_deepnet(model, cfg):
     """Wang et al. (2022): Xavier normal, gain beta on value/output/FFN, gain 1 on queries/keys."""
     init_xavier(model, cfg)
     beta = deepnorm_beta(cfg.n_layers)
-    for layer in deepnet_scaled(model):
-        nn.init.xavier_normal_(layer.weight, gain=beta)
+    for weight in deepnet_scaled(model):
+        nn.init.xavier_normal_(weight, gain=beta)
 
 
 def init_zero_branch(model, cfg):
@@ -93,5 +106,6 @@ def apply_init(model, cfg):
     # DeepNorm is alpha on the residual *and* beta at init; deepnet already applied beta.
     if cfg.norm.placement == "deepnorm" and cfg.init.name != "deepnet":
         beta = deepnorm_beta(cfg.n_layers)
-        for layer in deepnet_scaled(model):
-            layer.weight.data.mul_(beta)
+        with torch.no_grad():
+            for weight in deepnet_scaled(model):
+                weight.mul_(beta)
