@@ -68,13 +68,14 @@ def layernorms(module):
     return [m for name, m in module.named_modules() if isinstance(m, nn.LayerNorm)]
 
 
+@pytest.mark.parametrize("alpha", [1.0, 2.0])
 @pytest.mark.parametrize("residual", [True, False])
-def test_pre_norm(residual):
-    res, f = make_residual("pre", residual)
+def test_pre_norm(residual, alpha):
+    res, f = make_residual("pre", residual, alpha)
     assert len(layernorms(res)) == 1
     x = sample()
     branch = f(layer_norm(x, res.norm_in))
-    torch.testing.assert_close(res(x), x + branch if residual else branch, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(res(x), alpha * x + branch if residual else branch, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("residual", [True, False])
