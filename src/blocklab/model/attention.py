@@ -220,7 +220,10 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext, layer: int = 0, memory: Tensor | None = None) -> Tensor:
         """Self-attention over x, or cross-attention from x to `memory` (the encoder output)."""
         if memory is None:
-            q, k, v = self._heads(self.qkv_proj(x)).split((self.n_heads, self.n_kv_heads, self.n_kv_heads), dim=1)
+            # Split before the head view: the backward then joins the three gradients straight into
+            # (B, T, .) instead of also copying a transposed (B, T, heads, d_head) (~0.5 ms a step).
+            sizes = (self.n_heads * self.d_head, *(2 * [self.n_kv_heads * self.d_head]))
+            q, k, v = (self._heads(part) for part in self.qkv_proj(x).split(sizes, dim=-1))
             q, k = _normed(q, self.q_norm), _normed(k, self.k_norm)
             q, k = ctx.position_scheme.rotate(q, k, ctx.positions)
             if ctx.cache is not None:
@@ -247,7 +250,8 @@ class Attention(nn.Module):
     def _memory_kv(self, memory: Tensor, cache: KVCache | None, layer: int) -> tuple[Tensor, Tensor]:
         if cache is not None and layer in cache.cross:
             return cache.cross[layer]
-        k, v = self._heads(F.linear(memory, *self._rows(self.n_heads, 2 * self.n_kv_heads))).chunk(2, dim=1)
+        kv = F.linear(memory, *self._rows(self.n_heads, 2 * self.n_kv_heads))
+        k, v = (self._heads(part) for part in kv.chunk(2, dim=-1))
         k = _normed(k, self.k_norm)
         if cache is not None:
             cache.cross[layer] = (k, v)
