@@ -194,7 +194,8 @@ class Attention(nn.Module):
         self.dropout = dropout  # causality, windows and padding arrive as the context's mask
         # W_q, W_k and W_v stacked in one matrix (GPT-2's c_attn), rows in that order: one matmul
         # instead of three, ~9% of a cached decoding step and 2-4% of a training step.
-        self.qkv_proj = nn.Linear(d_model, (n_heads + 2 * self.n_kv_heads) * self.d_head, bias=bias)
+        self.qkv_sizes = (n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
+        self.qkv_proj = nn.Linear(d_model, sum(self.qkv_sizes), bias=bias)
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
         self.q_norm = nn.RMSNorm(self.d_head) if qk_norm else None  # None, not Identity: a module call less
         self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else None
@@ -203,12 +204,10 @@ class Attention(nn.Module):
 
     def projection(self, part: str) -> tuple[Tensor, Tensor | None]:
         """(weight, bias) of W_q, W_k or W_v ('q', 'k', 'v'): views of their rows of qkv_proj."""
-        first, count = {"q": (0, self.n_heads), "k": (self.n_heads, self.n_kv_heads),
-                        "v": (self.n_heads + self.n_kv_heads, self.n_kv_heads)}[part]
-        return self._rows(first, count)
+        index = "qkv".index(part)
+        return self._rows(sum(self.qkv_sizes[:index]), self.qkv_sizes[index])
 
-    def _rows(self, first_head: int, heads: int) -> tuple[Tensor, Tensor | None]:
-        start, size = first_head * self.d_head, heads * self.d_head
+    def _rows(self, start: int, size: int) -> tuple[Tensor, Tensor | None]:
         bias = self.qkv_proj.bias
         return self.qkv_proj.weight.narrow(0, start, size), None if bias is None else bias.narrow(0, start, size)
 
@@ -222,8 +221,7 @@ class Attention(nn.Module):
         if memory is None:
             # Split before the head view: the backward then joins the three gradients straight into
             # (B, T, .) instead of also copying a transposed (B, T, heads, d_head) (~0.5 ms a step).
-            sizes = (self.n_heads * self.d_head, *(2 * [self.n_kv_heads * self.d_head]))
-            q, k, v = (self._heads(part) for part in self.qkv_proj(x).split(sizes, dim=-1))
+            q, k, v = (self._heads(part) for part in self.qkv_proj(x).split(self.qkv_sizes, dim=-1))
             q, k = _normed(q, self.q_norm), _normed(k, self.k_norm)
             q, k = ctx.position_scheme.rotate(q, k, ctx.positions)
             if ctx.cache is not None:
@@ -250,7 +248,8 @@ class Attention(nn.Module):
     def _memory_kv(self, memory: Tensor, cache: KVCache | None, layer: int) -> tuple[Tensor, Tensor]:
         if cache is not None and layer in cache.cross:
             return cache.cross[layer]
-        kv = F.linear(memory, *self._rows(self.n_heads, 2 * self.n_kv_heads))
+        q_size, k_size, v_size = self.qkv_sizes
+        kv = F.linear(memory, *self._rows(q_size, k_size + v_size))
         k, v = (self._heads(part) for part in kv.chunk(2, dim=-1))
         k = _normed(k, self.k_norm)
         if cache is not None:

@@ -38,6 +38,7 @@ def decoding():
     thousand numbers per op, where oneDNN's set-up per call (~7 us for float32 exact GELU, whatever
     the size) costs more than the work; torch's kernels take ~1 us. A 256-token decode of the baby
     model runs ~13% faster so, one sequence or a batch of 8."""
+    # Saved and restored by hand: torch.backends.mkldnn.flags() also resets oneDNN's TF32 setting, with a warning.
     previous = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
     try:
