@@ -356,3 +356,34 @@ def test_left_padding_with_positions_does_not_change_outputs(pos, causal, varian
     # without the key mask every model (causal too) reads the padding on the left
     unmasked = forward(model, idx, positions=positions)
     assert (unmasked[0, 3:] - batch[0, 3:]).abs().max() > 1e-4
+
+
+# ------------------------------------------------------------------------------ mixed precision
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pos", SCHEMES)
+def test_under_bf16_autocast_attention_itself_computes_in_float32(pos, variant, monkeypatch):
+    """trainer.precision=bf16-mixed on CPU: the projections run in bfloat16 but the attention kernel
+    gets float32 q/k/v (torch's bfloat16 CPU kernel is several times slower), in training (T5's
+    trained bias through its own backward) as in evaluation; outputs and gradients stay close to float32."""
+    model = make_model(pos, **VARIANTS[variant]).float().train()
+    idx = tokens((2, 9))
+    reference = _grads(model, idx, False)
+    with torch.no_grad():
+        expected = model(idx)
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.append(q.dtype) or sdpa(q, k, v, **kw))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = _grads(model, idx, False)
+        with torch.no_grad():
+            out = model(idx)
+    assert seen == [torch.float32] * 2 * model.cfg.n_layers
+    assert out.dtype == torch.bfloat16  # the head is a bfloat16 matmul: autocast was on
+    scale = expected.abs().max()
+    assert 0 < (out.float() - expected).abs().max() < 0.03 * scale
+    assert mixed.keys() == reference.keys()
+    for name, grad in mixed.items():
+        assert grad.dtype == torch.float32
+        cosine = F.cosine_similarity(grad.flatten(), reference[name].flatten(), dim=0)
+        assert cosine > 0.99, (name, float(cosine))

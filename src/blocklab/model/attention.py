@@ -229,21 +229,28 @@ class Attention(nn.Module):
         else:
             q = _normed(self._heads(F.linear(x, *self.projection("q"))), self.q_norm)
             k, v = self._memory_kv(memory, ctx.cache, layer)
+        if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # Mixed precision: the projections run in bfloat16, attention itself in float32. Torch's
+            # bfloat16 SDPA on CPU is ~4x slower than its float32 kernel (forward + backward, baby config).
+            with torch.autocast("cpu", enabled=False):
+                y = self._attend(q.float(), k.float(), v.float(), ctx)
+        else:
+            y = self._attend(q, k, v, ctx)
+        return self.out_proj(y.transpose(1, 2).flatten(2))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+        """softmax(scale q k^T + mask) v per head: (B, H, Tq, d_head)."""
         dropout = self.dropout if self.training else 0.0
         if ctx.need_weights:
             y, self.last_weights = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
-        else:
-            # The mask must share q's dtype: torch's CPU SDPA silently mis-reads a float32 mask with
-            # float64 q/k/v from length 16 on (masks are built in float32; .to is free when they match).
-            mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
-            if mask is not None and mask.requires_grad and dropout == 0.0 and torch.is_grad_enabled():
-                y = LearnedBiasAttention.apply(q, k, v, mask, self.scale)
-            else:
-                y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
-                    scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads,
-                )
-        return self.out_proj(y.transpose(1, 2).flatten(2))
+            return y
+        # The mask must share q's dtype: torch's CPU SDPA silently mis-reads a float32 mask with
+        # float64 q/k/v from length 16 on (masks are built in float32; .to is free when they match).
+        mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
+        if mask is not None and mask.requires_grad and dropout == 0.0 and torch.is_grad_enabled():
+            return LearnedBiasAttention.apply(q, k, v, mask, self.scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
+                                              scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads)
 
     def _memory_kv(self, memory: Tensor, cache: KVCache | None, layer: int) -> tuple[Tensor, Tensor]:
         if cache is not None and layer in cache.cross:
