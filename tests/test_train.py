@@ -167,3 +167,54 @@ def test_full_disk_is_a_clear_error(run_dir, monkeypatch):
     monkeypatch.setattr(Path, "write_text", full)
     with pytest.raises(ConfigError, match="No space left on device; free disk space"):
         write_results(run_dir, {"status": "completed"})
+
+
+@pytest.mark.parametrize("precision, recorded", [("bf16-mixed", "bf16-mixed"), ("64", "64-true")])
+def test_other_precisions_train_end_to_end_and_are_recorded(precision, recorded, run_dir):
+    run_in_process([*FAST, f"trainer.precision={precision}", "pos=t5_bias"], run_dir)
+    results = read_results(run_dir)
+    check_schema(results)
+    assert results["status"] == "completed" and results["steps"] == 20
+    assert math.isfinite(results["final_val_loss"])
+    assert results["choices"]["precision"] == recorded
+
+
+@pytest.mark.filterwarnings("ignore:.*no `val_dataloader`")
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_gradient_clipping_bounds_the_update_in_every_precision(precision):
+    """The fused optimizer's step sees gradients of total norm <= gradient_clip_val (Lightning itself
+    refuses to clip a fused optimizer under autocast; bfloat16 needs no loss scaling, so BlockLab does)."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import Callback
+
+    from blocklab.bench.common import OPTIM, baby_config, batches
+    from blocklab.train.module import LitTransformer
+
+    clip = 0.05
+    norms = {"before_clip": [], "at_step": []}
+
+    def total_norm(module):
+        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters() if p.grad is not None])))
+
+    class Recorder(Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # Lightning clips after this hook
+            norms["before_clip"].append(total_norm(pl_module))
+
+    class Lit(LitTransformer):
+        def configure_optimizers(self):
+            config = super().configure_optimizers()
+            # Lightning runs forward and backward inside optimizer.step (a closure), so look after it:
+            # the gradients the update used are still there, clipped in place.
+            config["optimizer"].register_step_post_hook(lambda opt, *_: norms["at_step"].append(total_norm(self)))
+            return config
+
+    torch.manual_seed(0)
+    lit = Lit(baby_config(n_layers=1, d_model=32, d_ff=64, block=16), {**OPTIM}, [])
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, gradient_clip_val=clip, precision=precision,
+                        callbacks=[Recorder()])
+    trainer.fit(lit, torch.utils.data.DataLoader(batches(3, 4, 16, 65), batch_size=None))
+    assert len(norms["at_step"]) == 3
+    assert all(before > 2 * clip for before in norms["before_clip"])  # clipping had work to do
+    assert all(after == pytest.approx(clip, rel=1e-4) for after in norms["at_step"])

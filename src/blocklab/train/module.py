@@ -5,7 +5,8 @@ import time
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import grad_norm
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType, grad_norm
 from torchmetrics import MeanMetric
 
 from blocklab.model import ModelConfig, build_model
@@ -109,6 +110,16 @@ class LitTransformer(L.LightningModule):
             self.log("val/loss_beyond_train", self.val_loss_beyond.compute(), sync_dist=True)
         self.val_loss.reset()
         self.val_loss_beyond.reset()
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            # Lightning refuses to clip for a fused optimizer under any autocast, because with float16's
+            # loss scaler the gradients would still be scaled. bfloat16 has no scaler: they clip as in float32.
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optim)

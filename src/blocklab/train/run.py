@@ -41,11 +41,20 @@ def _positive(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
+# trainer.precision values BlockLab trains correctly (Lightning's spellings) -> the name results.json records.
+PRECISIONS = {"32-true": "32-true", "32": "32-true", 32: "32-true", "bf16-mixed": "bf16-mixed",
+              "64-true": "64-true", "64": "64-true", 64: "64-true"}
+
+
 def training_errors(groups: dict) -> list[str]:
     errs = []
     steps = groups["trainer"].get("max_steps")
     if not isinstance(steps, int) or steps <= 0:
         errs.append(f"trainer.max_steps={steps!r} must be a positive integer")
+    precision = groups["trainer"].get("precision", "32-true")
+    if precision not in PRECISIONS:
+        errs.append(f"trainer.precision={precision!r} is not supported; use 32-true (float32), bf16-mixed "
+                    "(bfloat16 matmuls, float32 weights and attention) or 64-true")
     optim = groups["optim"]
     if not _positive(optim.get("lr")):
         errs.append(f"optim.lr={optim.get('lr')!r} must be a positive number")
@@ -69,7 +78,7 @@ def training_errors(groups: dict) -> list[str]:
     return errs
 
 
-def choices(model_cfg: ModelConfig, seed: int) -> dict:
+def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true") -> dict:
     """What was run, named by what the model computes (field overrides included)."""
     return {
         "norm": model_cfg.norm.name, "pos": model_cfg.pos.name, "act": model_cfg.act.name,
@@ -77,6 +86,7 @@ def choices(model_cfg: ModelConfig, seed: int) -> dict:
         "n_heads": model_cfg.n_heads, "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model, "seed": seed,
         "n_kv_heads": model_cfg.attn.n_kv_heads or model_cfg.n_heads, "d_ff": model_cfg.d_ff,
         "norm_type": model_cfg.norm.type, "norm_placement": model_cfg.norm.placement,
+        "precision": PRECISIONS[precision],
     }
 
 
@@ -236,7 +246,7 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     if in_sweep() and groups["trainer"].get("strategy") == "ddp":
         relaunch_only_this_job(run_dir)
     L.seed_everything(groups["seed"], workers=True, verbose=False)
-    picked = choices(model_cfg, groups["seed"])
+    picked = choices(model_cfg, groups["seed"], groups["trainer"].get("precision", "32-true"))
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
         f"-h{picked['n_heads']}-s{picked['seed']}"
     lit = LitTransformer(model_cfg, groups["optim"], [n for n in task.eval_lengths if task.in_distribution(n)],
