@@ -8,7 +8,7 @@ from blocklab.bench.__main__ import main
 from blocklab.bench.suites import BENCHMARKS
 
 FIELDS = {
-    "step": {"matmul_peak_gflops", "tokens_per_step"},
+    "step": {"matmul_peak_gflops", "matmul_peak_gflops_bf16", "tokens_per_step"},
     "overhead": {"overhead"},
     "startup": {"first_step_s", "multirun_per_job_s"},
     "attention": set(),
@@ -17,7 +17,7 @@ FIELDS = {
 }
 ROW_FIELDS = {
     "step": {"axis", "variant", "ms", "tokens_per_s", "gflop_per_step", "peak_fraction", "vs_nope"},
-    "overhead": {"loop", "ms"},
+    "overhead": {"loop", "precision", "ms"},
     "startup": {"measure", "s"},
     "attention": {"length", "pos", "path", "ms", "peak_mb"},
     "decode": {"attn", "mode", "ms", "tokens_per_s", "kv_cache_bytes"},
@@ -44,3 +44,14 @@ def test_decode_reports_smaller_caches_for_fewer_kv_heads(tmp_path):
     rows = json.loads(out.read_text())["benchmarks"]["decode"]["rows"]
     size = {r["attn"]: r["kv_cache_bytes"] for r in rows if r["mode"] == "cached"}
     assert size["mha"] == 2 * size["gqa"] == 4 * size["mqa"] > 0
+
+
+def test_step_and_overhead_measure_bf16_mixed_beside_float32(tmp_path):
+    out = tmp_path / "bench.json"
+    main(["step", "overhead", "--size", "tiny", "--out", str(out)])
+    bench = json.loads(out.read_text())["benchmarks"]
+    assert {"variant": "bf16-mixed", "axis": "precision"}.items() <= next(
+        r for r in bench["step"]["rows"] if r["axis"] == "precision").items()
+    assert {(r["loop"], r["precision"]) for r in bench["overhead"]["rows"]} == {
+        (loop, p) for loop in ("lightning", "plain") for p in ("32-true", "bf16-mixed")}
+    assert {"lightning_vs_plain", "lightning_vs_plain_bf16"} <= set(bench["overhead"]["targets"])

@@ -3,6 +3,7 @@
 Timings on a shared 2-core machine are only comparable side by side: every comparison here runs
 its variants interleaved in one process, several rounds, and keeps each variant's best round."""
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -55,9 +56,9 @@ def interleaved(fns: dict, rounds: int, iters: int, warmup: int = 2) -> dict[str
     return {name: {"ms": min(t), "ms_median": sorted(t)[len(t) // 2]} for name, t in times.items()}
 
 
-def matmul_peak_gflops(n: int = 1024, rounds: int = 5, iters: int = 5) -> float:
-    """This machine's fp32 matmul throughput right now (best of a few rounds of an n x n x n product)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak_gflops(n: int = 1024, rounds: int = 5, iters: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """This machine's matmul throughput right now (best of a few rounds of an n x n x n product)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     ms = interleaved({"mm": lambda: a @ b}, rounds, iters)["mm"]["ms"]
     return 2 * n ** 3 / (ms / 1000) / 1e9
 
@@ -149,13 +150,22 @@ def nanogpt_step(batch_list: list[dict]):
     return step
 
 
+def autocast(precision: str):
+    """The forward's precision context as Lightning sets it for `trainer.precision` on CPU."""
+    if precision == "bf16-mixed":
+        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)
+    return nullcontext()
+
+
 @dataclass
 class PlainLoop:
     """BlockLab's model trained the way the LightningModule trains it, without Lightning:
-    cross-entropy, backward, clip 1.0, fused AdamW with the same param groups and LR schedule."""
+    cross-entropy, backward, clip 1.0, fused AdamW with the same param groups and LR schedule,
+    the forward under `precision` (32-true or bf16-mixed)."""
 
     model: nn.Module
     batches: list
+    precision: str = "32-true"
     i: int = 0
 
     def __post_init__(self):
@@ -169,8 +179,9 @@ class PlainLoop:
 
         batch = self.batches[self.i % len(self.batches)]
         self.i += 1
-        logits = self.model(batch["input"], valid=batch["valid"])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE)
+        with autocast(self.precision):
+            logits = self.model(batch["input"], valid=batch["valid"])
+            loss = F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()

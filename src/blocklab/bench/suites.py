@@ -20,13 +20,14 @@ from blocklab.model.ffn import ACTIVATIONS, FFN
 from blocklab.model.generate import generate
 
 POS_SCHEMES = ["none", "learned", "sinusoidal", "rope", "alibi", "t5_bias"]
+PEAK_DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}  # the matmuls each precision runs
 ROOT = Path(__file__).resolve().parents[3]  # the repository (train.py, conf/)
 
 
 def _sizes(size: str) -> dict:
     if size == "tiny":
         return dict(rounds=1, iters=1, n_layers=1, batch=2, block=16, d_model=32, d_ff=64)
-    return dict(rounds=5, iters=8, n_layers=BABY["n_layers"], batch=BABY["batch"], block=BABY["block"],
+    return dict(rounds=10, iters=4, n_layers=BABY["n_layers"], batch=BABY["batch"], block=BABY["block"],
                 d_model=BABY["d_model"], d_ff=BABY["d_ff"])
 
 
@@ -38,19 +39,25 @@ def _model_sizes(s: dict) -> dict:
 
 def step(size: str = "full") -> dict:
     """ms per training step for each pos scheme, attention variant and activation (one changed at a
-    time from nanoGPT's learned/mha/gelu), next to nanoGPT's model and loop, all interleaved."""
+    time from nanoGPT's learned/mha/gelu), and for the baby model under bf16-mixed precision, next to
+    nanoGPT's model and loop (float32, as nanoGPT runs on CPU), all interleaved."""
     s = _sizes(size)
     data = batches(8, s["batch"], s["block"], BABY["vocab"])
     variants = {("pos", p): baby_config(pos=p, **_model_sizes(s)) for p in POS_SCHEMES}
     variants.update({("attn", a): baby_config(attn=a, **_model_sizes(s)) for a in ATTN_VARIANTS if a != "mha"})
     variants.update({("act", a): baby_config(act=a, **_model_sizes(s)) for a in ACTIVATIONS if a != "gelu"})
+    bf16 = ("precision", "bf16-mixed")
+    variants[bf16] = baby_config(**_model_sizes(s))
+    precision = {key: key[1] if key == bf16 else "32-true" for key in variants}
     fns = {"nanogpt": nanogpt_step(data)} if size == "full" else {}
     for key, cfg in variants.items():
         torch.manual_seed(0)
-        fns[key] = PlainLoop(build_model(cfg), data)
-    peak_before = matmul_peak_gflops(512 if size == "tiny" else 1024, rounds=s["rounds"])
+        fns[key] = PlainLoop(build_model(cfg), data, precision[key])
+    n = 512 if size == "tiny" else 1024
+    peak = {p: matmul_peak_gflops(n, rounds=s["rounds"], dtype=dtype) for p, dtype in PEAK_DTYPES.items()}
     times = interleaved(fns, s["rounds"], s["iters"], warmup=1 if size == "tiny" else 3)
-    peak = max(peak_before, matmul_peak_gflops(512 if size == "tiny" else 1024, rounds=s["rounds"]))
+    for p, dtype in PEAK_DTYPES.items():
+        peak[p] = max(peak[p], matmul_peak_gflops(n, rounds=s["rounds"], dtype=dtype))
     tokens = s["batch"] * s["block"]
     nope = times[("pos", "none")]["ms"]
     flops = {key: train_flops(cfg, s["batch"], s["block"]) for key, cfg in variants.items()}
@@ -59,20 +66,22 @@ def step(size: str = "full") -> dict:
         ms = times[key]["ms"]
         rows.append({"axis": key[0], "variant": key[1], "ms": round(ms, 2), "ms_median": round(times[key]["ms_median"], 2),
                      "tokens_per_s": round(tokens / ms * 1000), "gflop_per_step": round(flops[key] / 1e9, 3),
-                     "peak_fraction": round(flops[key] / (ms / 1000) / 1e9 / peak, 3),
+                     "peak_fraction": round(flops[key] / (ms / 1000) / 1e9 / peak[precision[key]], 3),
                      "vs_nope": round(ms / nope, 3)})
     targets = {f"{p}_vs_nope": verdict(times[("pos", p)]["ms"] / nope, 1.10) for p in ("rope", "alibi", "t5_bias")}
-    out = {"rows": rows, "matmul_peak_gflops": round(peak, 1), "tokens_per_step": tokens, "targets": targets}
+    out = {"rows": rows, "matmul_peak_gflops": round(peak["32-true"], 1),
+           "matmul_peak_gflops_bf16": round(peak["bf16-mixed"], 1), "tokens_per_step": tokens, "targets": targets}
     if "nanogpt" in times:
         ref = times["nanogpt"]["ms"]
         out["nanogpt_ms"] = round(ref, 2)
         for row in rows:
             row["vs_nanogpt"] = round(row["ms"] / ref, 3)
-        targets["baby_vs_nanogpt"] = verdict(times[("pos", "learned")]["ms"] / ref, 0.90)
-        # nanoGPT does the same matmuls (fused QKV, tied head), so the same FLOPs per step.
         baby = ("pos", "learned")
-        out["nanogpt_peak_fraction"] = round(flops[baby] / (ref / 1000) / 1e9 / peak, 3)
-        targets["baby_peak_fraction"] = verdict(flops[baby] / (times[baby]["ms"] / 1000) / 1e9 / peak, 0.55,
+        targets["baby_vs_nanogpt"] = verdict(times[baby]["ms"] / ref, 0.90)
+        targets["baby_bf16_vs_nanogpt"] = verdict(times[bf16]["ms"] / ref, 0.90)
+        # nanoGPT does the same matmuls (fused QKV, tied head), so the same FLOPs per step.
+        out["nanogpt_peak_fraction"] = round(flops[baby] / (ref / 1000) / 1e9 / peak["32-true"], 3)
+        targets["baby_peak_fraction"] = verdict(flops[baby] / (times[baby]["ms"] / 1000) / 1e9 / peak["32-true"], 0.55,
                                                 lower_is_better=False)
     return out
 
@@ -104,7 +113,7 @@ def overhead(size: str = "full") -> dict:
             if batch_idx == steps - 1:
                 self.ms = 1000 * (time.perf_counter() - self.start) / (steps - 1 - skip)
 
-    def lightning_round() -> float:
+    def lightning_round(precision: str) -> float:
         torch.manual_seed(0)
         lit = LitTransformer(cfg, {**OPTIM}, [])
         clock = Clock()
@@ -112,16 +121,17 @@ def overhead(size: str = "full") -> dict:
         bar = StepProgressBar(console_kwargs={"file": devnull})
         trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
                             enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                            log_every_n_steps=25, gradient_clip_val=1.0, callbacks=[DivergenceGuard(), bar, clock])
+                            log_every_n_steps=25, gradient_clip_val=1.0, precision=precision,
+                            callbacks=[DivergenceGuard(), bar, clock])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer.fit(lit, torch.utils.data.DataLoader(_Cycle(data), batch_size=None))
         devnull.close()
         return clock.ms
 
-    def plain_round() -> float:
+    def plain_round(precision: str) -> float:
         torch.manual_seed(0)
-        loop = PlainLoop(build_model(cfg), data)
+        loop = PlainLoop(build_model(cfg), data, precision)
         for _ in range(skip):
             loop()
         start = time.perf_counter()
@@ -129,22 +139,27 @@ def overhead(size: str = "full") -> dict:
             loop()
         return 1000 * (time.perf_counter() - start) / (steps - 1 - skip)
 
+    precisions = {"32-true": "", "bf16-mixed": "_bf16"}  # -> suffix of its target names
     rounds = 1 if size == "tiny" else 4
-    lightning_ms, plain_ms = [], []
+    ms = {(loop, p): [] for p in precisions for loop in ("lightning", "plain")}
     for _ in range(rounds):
-        lightning_ms.append(lightning_round())
-        plain_ms.append(plain_round())
-    out = {"rows": [{"loop": "lightning", "ms": round(min(lightning_ms), 2)},
-                    {"loop": "plain", "ms": round(min(plain_ms), 2)}],
-           "overhead": round(min(lightning_ms) / min(plain_ms) - 1, 3)}
-    out["targets"] = {"lightning_vs_plain": verdict(min(lightning_ms) / min(plain_ms), 1.05)}
-    if size == "full":  # nanoGPT in the same run, interleaved with one more plain round
-        ref = interleaved({"nanogpt": nanogpt_step(data), "plain": PlainLoop(build_model(cfg), data)}, 4, 10, 3)
+        for p in precisions:
+            ms[("lightning", p)].append(lightning_round(p))
+            ms[("plain", p)].append(plain_round(p))
+    best = {key: min(values) for key, values in ms.items()}
+    out = {"rows": [{"loop": loop, "precision": p, "ms": round(best[(loop, p)], 2)} for loop, p in best],
+           "overhead": round(best[("lightning", "32-true")] / best[("plain", "32-true")] - 1, 3), "targets": {}}
+    for p, suffix in precisions.items():
+        out["targets"][f"lightning_vs_plain{suffix}"] = verdict(best[("lightning", p)] / best[("plain", p)], 1.05)
+    if size == "full":  # nanoGPT in the same run, interleaved with one more plain round of each precision
+        ref = interleaved({"nanogpt": nanogpt_step(data),
+                           **{p: PlainLoop(build_model(cfg), data, p) for p in precisions}}, 4, 10, 3)
         out["nanogpt_ms"] = round(ref["nanogpt"]["ms"], 2)
-        out["rows"].append({"loop": "nanogpt", "ms": out["nanogpt_ms"]})
+        out["rows"].append({"loop": "nanogpt", "precision": "32-true", "ms": out["nanogpt_ms"]})
         # Lightning vs nanoGPT through the plain loop, both of whose ratios were measured side by side.
-        ratio = min(lightning_ms) / min(plain_ms) * ref["plain"]["ms"] / ref["nanogpt"]["ms"]
-        out["targets"]["lightning_vs_nanogpt"] = verdict(ratio, 0.90)
+        for p, suffix in precisions.items():
+            ratio = best[("lightning", p)] / best[("plain", p)] * ref[p]["ms"] / ref["nanogpt"]["ms"]
+            out["targets"][f"lightning{suffix}_vs_nanogpt"] = verdict(ratio, 0.90)
     return out
 
 
