@@ -9,7 +9,7 @@ from blocklab.bench.suites import BENCHMARKS
 
 FIELDS = {
     "step": {"matmul_peak_gflops", "matmul_peak_gflops_bf16", "tokens_per_step"},
-    "overhead": {"overhead"},
+    "overhead": {"overhead", "pairs"},
     "startup": {"first_step_s", "multirun_per_job_s"},
     "attention": set(),
     "decode": {"new_tokens"},
@@ -55,3 +55,4 @@ def test_step_and_overhead_measure_bf16_mixed_beside_float32(tmp_path):
     assert {(r["loop"], r["precision"]) for r in bench["overhead"]["rows"]} == {
         (loop, p) for loop in ("lightning", "plain") for p in ("32-true", "bf16-mixed")}
     assert {"lightning_vs_plain", "lightning_vs_plain_bf16"} <= set(bench["overhead"]["targets"])
+    assert bench["overhead"]["pairs"] >= 1  # Lightning steps each timed beside a plain step
