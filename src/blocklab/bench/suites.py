@@ -98,9 +98,12 @@ def overhead(size: str = "full") -> dict:
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
     from blocklab.bench.common import OPTIM
-    from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
+    from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, StepProgressBar
     from blocklab.train.module import LitTransformer
+    from blocklab.train.results import CHECKPOINT
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # keep the console for the tables
     s = _sizes(size)
@@ -131,14 +134,17 @@ def overhead(size: str = "full") -> dict:
         torch.manual_seed(0)
         lit = LitTransformer(cfg, {**OPTIM}, [])
         devnull = open(os.devnull, "w")
-        bar = StepProgressBar(console_kwargs={"file": devnull})
-        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-                            log_every_n_steps=25, gradient_clip_val=1.0, precision=precision,
-                            callbacks=[paired, DivergenceGuard(), bar])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(lit, torch.utils.data.DataLoader(_Cycle(data), batch_size=None))
+        with tempfile.TemporaryDirectory() as run_dir:  # a run's callbacks, as train/run.py sets them up
+            checkpoints = ModelCheckpoint(dirpath=Path(run_dir) / CHECKPOINT.parent, save_last=True, save_top_k=0,
+                                          every_n_train_steps=500)
+            callbacks = [paired, DivergenceGuard(), StepProgressBar(console_kwargs={"file": devnull}), checkpoints,
+                         GracefulInterrupt(Path(run_dir) / CHECKPOINT)]
+            trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False,
+                                enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                                log_every_n_steps=25, gradient_clip_val=1.0, precision=precision, callbacks=callbacks)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.fit(lit, torch.utils.data.DataLoader(_Cycle(data), batch_size=None))
         devnull.close()
         return paired.ms
 
