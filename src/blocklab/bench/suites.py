@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,12 +99,10 @@ def overhead(size: str = "full") -> dict:
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
     from blocklab.bench.common import OPTIM
-    from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, StepProgressBar
+    from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
     from blocklab.train.module import LitTransformer
-    from blocklab.train.results import CHECKPOINT
+    from blocklab.train.run import step_callbacks
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # keep the console for the tables
     s = _sizes(size)
@@ -134,11 +133,9 @@ def overhead(size: str = "full") -> dict:
         torch.manual_seed(0)
         lit = LitTransformer(cfg, {**OPTIM}, [])
         devnull = open(os.devnull, "w")
-        with tempfile.TemporaryDirectory() as run_dir:  # a run's callbacks, as train/run.py sets them up
-            checkpoints = ModelCheckpoint(dirpath=Path(run_dir) / CHECKPOINT.parent, save_last=True, save_top_k=0,
-                                          every_n_train_steps=500)
-            callbacks = [paired, DivergenceGuard(), StepProgressBar(console_kwargs={"file": devnull}), checkpoints,
-                         GracefulInterrupt(Path(run_dir) / CHECKPOINT)]
+        with tempfile.TemporaryDirectory() as run_dir:
+            bar = StepProgressBar(console_kwargs={"file": devnull})
+            callbacks = [paired, *step_callbacks(Path(run_dir), DivergenceGuard(), 500, bar)]
             trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False,
                                 enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                                 log_every_n_steps=25, gradient_clip_val=1.0, precision=precision, callbacks=callbacks)
@@ -148,15 +145,12 @@ def overhead(size: str = "full") -> dict:
         devnull.close()
         return paired.ms
 
-    def median(values: list[float]) -> float:
-        return sorted(values)[len(values) // 2]
-
     def ratio(ms: dict) -> float:
-        return median([lit / plain for lit, plain in zip(ms["lightning"], ms["plain"], strict=True)])
+        return statistics.median([lit / plain for lit, plain in zip(ms["lightning"], ms["plain"], strict=True)])
 
     precisions = {"32-true": "", "bf16-mixed": "_bf16"}  # -> suffix of its target names
     runs = {p: paired_run(p) for p in precisions}
-    out = {"rows": [{"loop": loop, "precision": p, "ms": round(median(runs[p][loop]), 2)}
+    out = {"rows": [{"loop": loop, "precision": p, "ms": round(statistics.median(runs[p][loop]), 2)}
                     for p in precisions for loop in ("lightning", "plain")],
            "overhead": round(ratio(runs["32-true"]) - 1, 3), "pairs": len(runs["32-true"]["plain"]),
            "targets": {}}

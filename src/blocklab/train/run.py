@@ -46,6 +46,14 @@ PRECISIONS = {"32-true": "32-true", "32": "32-true", 32: "32-true", "bf16-mixed"
               "64-true": "64-true", "64": "64-true", 64: "64-true"}
 
 
+def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
+                   bar: StepProgressBar | None = None) -> list:
+    """The callbacks every training run has (the overhead benchmark times its steps with the same)."""
+    checkpoints = ModelCheckpoint(dirpath=run_dir / CHECKPOINT.parent, save_last=True, save_top_k=0,
+                                  every_n_train_steps=checkpoint_every)
+    return [guard, bar or StepProgressBar(), checkpoints, GracefulInterrupt(run_dir / CHECKPOINT)]
+
+
 def training_errors(groups: dict) -> list[str]:
     errs = []
     steps = groups["trainer"].get("max_steps")
@@ -256,9 +264,7 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     if logger:
         logger.log_hyperparams({**picked, **flatten(groups)})
     guard = DivergenceGuard(groups["max_loss"])
-    checkpoints = ModelCheckpoint(dirpath=run_dir / CHECKPOINT.parent, save_last=True, save_top_k=0,
-                                  every_n_train_steps=groups["checkpoint_every"])
-    callbacks = [guard, StepProgressBar(), checkpoints, GracefulInterrupt(run_dir / CHECKPOINT)]
+    callbacks = step_callbacks(run_dir, guard, groups["checkpoint_every"])
     if logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     diag_cfg = groups["diagnostics"]
