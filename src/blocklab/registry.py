@@ -1,0 +1,112 @@
+"""One registry idiom for every pluggable concept (norm type, placement, position scheme, activation,
+attention kind, init scheme, task, architecture).
+
+An entry is a class (or function) registered under a name. It declares:
+  options      the keyword arguments of its constructor (or function) past the framework's own,
+               with their defaults; `option_errors` type-checks configured values against them
+  errors(...)  its own constraints, as one-line messages naming the key and the fix (optional)
+  derived values through its own methods or attributes (for example a learned table's size)
+
+Nothing outside a registry compares a variant name to a string: code asks the entry instead.
+"""
+import difflib
+import inspect
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """name -> entry for one config group. `key` is how the config names the choice (e.g. 'pos.name')."""
+
+    def __init__(self, key: str, framework_args: tuple[str, ...] = ()):
+        self.key = key
+        self.framework_args = frozenset(framework_args)  # constructor arguments the model supplies, not the user
+        self.entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def add(entry: T) -> T:
+            if name in self.entries and self.entries[name] is not entry:
+                raise ValueError(f"{self.key}={name!r} is registered twice")
+            try:
+                entry.registry_name = name  # lets an instance say which variant it is
+            except (AttributeError, TypeError):
+                pass
+            self.entries[name] = entry
+            return entry
+
+        return add
+
+    def unregister(self, name: str) -> None:
+        """For tests that register a throwaway entry."""
+        self.entries.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def __getitem__(self, name: str) -> T:
+        if name not in self:
+            raise KeyError(self.unknown(name))
+        return self.entries[name]
+
+    def get(self, name: str, default: T | None = None) -> T | None:
+        return self.entries.get(name, default) if isinstance(name, str) else default
+
+    def unknown(self, name: Any) -> str:
+        """The one-line error for a name that is not registered, with the closest match first."""
+        close = difflib.get_close_matches(str(name), self.names(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{self.key}={name!r} is unknown; {hint}use one of {self.names()}"
+
+    def options(self, name: str) -> dict[str, Any]:
+        """The user-settable options of an entry and their defaults (inspect.Parameter.empty: required)."""
+        entry = self.entries[name]
+        target = entry.__init__ if inspect.isclass(entry) else entry
+        params = inspect.signature(target).parameters.values()
+        return {p.name: p.default for p in params
+                if p.name not in self.framework_args and p.name != "self"
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+    def option_errors(self, name: str, values: dict[str, Any], prefix: str) -> list[str]:
+        """Unknown options and values of the wrong kind, each as one line naming `prefix.key`.
+        A None value means 'derive it' and is always accepted."""
+        accepted = self.options(name)
+        errs = []
+        for key in sorted(set(values) - set(accepted)):
+            close = difflib.get_close_matches(key, list(accepted), n=1)
+            hint = f"did you mean {prefix}.{close[0]}? " if close else ""
+            errs.append(f"{prefix}.{key} is not an option of {self.key}={name}; {hint}its options are "
+                        f"{sorted(accepted)}")
+        for key, value in sorted(values.items()):
+            default = accepted.get(key)
+            if value is not None and default is not None and not same_kind(value, default):
+                errs.append(f"{prefix}.{key}={value!r} must be {kind_name(default)}")
+        return errs
+
+
+def same_kind(value: Any, default: Any) -> bool:
+    """A bool option takes a bool; a numeric one any number but a bool; a string one a string."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    return True
+
+
+def kind_name(default: Any) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, (int, float)):
+        return "a number"
+    return "a string" if isinstance(default, str) else "valid"
