@@ -12,7 +12,7 @@ from blocklab.analysis.probe import forward_stats, probe_gradients
 from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import AttnConfig, InitConfig, NormConfig, PosConfig
 from blocklab.tasks import build_task
-from blocklab.train.results import read_results
+from blocklab.results import read_results
 from conftest import ROOT, run_in_process
 
 

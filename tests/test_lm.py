@@ -10,7 +10,7 @@ from blocklab.tasks import build_task
 from blocklab.tasks import lm as lm_module
 from blocklab.tasks.corpus import builtin_text_file
 from blocklab.tasks.tokenizer import bpe_tokenizer, char_tokenizer
-from blocklab.train.results import read_results
+from blocklab.results import read_results
 from conftest import run_in_process
 
 UNSEEN = "naïve café — ✓ 東京 🙂\ttab\r\n"

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from blocklab.errors import ConfigError
-from blocklab.train.results import read_results
+from blocklab.results import read_results
 from blocklab.train.run import prepare
 from conftest import FAST, ROOT, compose_config, run_in_process
 

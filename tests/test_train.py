@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from blocklab.train.callbacks import DivergenceGuard
-from blocklab.train.results import read_results
+from blocklab.results import read_results
 from conftest import FAST, run_cli, run_in_process
 
 EVAL_ROW_KEYS = {"length", "in_distribution", "exact_match", "token_acc", "loss", "n"}
@@ -158,7 +158,7 @@ def test_full_disk_is_a_clear_error(run_dir, monkeypatch):
     import errno as errno_module
 
     from blocklab.errors import ConfigError
-    from blocklab.train.results import write_results
+    from blocklab.results import write_results
 
     def full(self, *args, **kwargs):
         raise OSError(errno_module.ENOSPC, "No space left on device")

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.generate import generate
-from blocklab.train.results import CHECKPOINT, MODEL_FILE, TOKENIZER_FILE
+from blocklab.results import CHECKPOINT, MODEL_FILE, TOKENIZER_FILE
 
 
 def load_run(run_dir: Path) -> tuple[torch.nn.Module, Tokenizer]:

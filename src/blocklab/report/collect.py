@@ -4,7 +4,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from blocklab.train.results import RESULTS_FILE, swept_overrides
+from blocklab.results import RESULTS_FILE, swept_overrides
 
 HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "tokens_per_s",
                     "decode_tokens_per_s"}

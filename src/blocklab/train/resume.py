@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from blocklab.errors import ConfigError
-from blocklab.train.results import CHECKPOINT
+from blocklab.results import CHECKPOINT
 
 IGNORED_KEYS = {"run_dir", "resume"}  # may differ between the interrupted and the resumed command
 

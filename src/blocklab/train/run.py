@@ -28,8 +28,8 @@ from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.module import LitTransformer
 from blocklab.train.resume import resume_step, set_aside_checkpoints
 from blocklab.model.generate import generate
-from blocklab.train.results import (CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, read_results,
-                                    swept_overrides, write_results)
+from blocklab.results import (CHECKPOINT, MODEL_FILE, RESULTS_FILE, TOKENIZER_FILE, print_summary, read_results,
+                              swept_overrides, write_results)
 
 
 # Lightning advertises its cloud products on every run; keep the console for the experiment.
