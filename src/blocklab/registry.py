@@ -70,6 +70,8 @@ class Registry(Generic[T]):
     def options(self, name: str) -> dict[str, Any]:
         """The user-settable options of an entry and their defaults (inspect.Parameter.empty: required)."""
         entry = self.entries[name]
+        if not callable(entry):
+            return {}  # a plain description (a placement, an activation) has no options of its own
         target = entry.__init__ if inspect.isclass(entry) else entry
         params = inspect.signature(target).parameters.values()
         return {p.name: p.default for p in params

@@ -7,7 +7,7 @@ from torch import nn
 from blocklab.model import ModelConfig, Transformer
 from blocklab.model.block import Residual
 from blocklab.model.config import InitConfig, NormConfig, PosConfig
-from blocklab.model.norm import build_norm, deepnorm_alpha, deepnorm_beta, has_final_norm
+from blocklab.model.norm import PLACEMENTS, build_norm, deepnorm_alpha, deepnorm_beta
 
 D = 16
 EPS = 1e-5
@@ -37,9 +37,16 @@ def test_rmsnorm_rows_have_unit_rms_and_keep_the_mean():
     assert y.mean(-1).mean() > 0.2  # inputs have mean 1.5, std 3: outputs keep a positive mean
 
 
-def test_none_norm_is_identity():
-    x = sample()
-    assert torch.equal(build_norm("none", D)(x), x)
+@pytest.mark.parametrize("placement", ["pre", "post", "sandwich", "deepnorm"])
+def test_none_norm_leaves_no_norm_anywhere(placement):
+    """norm.type=none: every block computes x + f(x) (alpha x + f(x) for deepnorm), no norm module anywhere."""
+    assert build_norm("none", D) is None
+    model = Transformer(small_cfg(placement, norm_type="none", n_layers=1)).double()
+    assert not any(isinstance(m, (nn.LayerNorm, nn.RMSNorm)) for m in model.modules())
+    res = model.blocks[0].ffn_residual
+    x = sample().reshape(2, -1, D)[:, :4]
+    alpha = PLACEMENTS[placement].alpha(1)
+    torch.testing.assert_close(res(x), alpha * x + res.sublayer(x), rtol=1e-10, atol=1e-10)
 
 
 # --------------------------------------------------------------------------------- placements
@@ -54,7 +61,7 @@ def layer_norm(x, norm):
 def make_residual(placement, residual=True, alpha=1.0, seed=0):
     torch.manual_seed(seed)
     f = nn.Linear(D, D)
-    res = Residual(f, placement, "layernorm", D, EPS, True, 0.0, residual=residual, alpha=alpha).double()
+    res = Residual(f, PLACEMENTS[placement], "layernorm", D, EPS, True, 0.0, residual=residual, alpha=alpha).double()
     # random affine parameters, so that the two norms of a sandwich are told apart
     with torch.no_grad():
         for m in res.modules():
@@ -177,7 +184,7 @@ def test_final_norm_only_for_pre_and_sandwich(placement):
     torch.manual_seed(0)
     model = Transformer(small_cfg(placement)).double().eval()
     final = placement in ("pre", "sandwich")
-    assert has_final_norm(placement) == final
+    assert PLACEMENTS[placement].final_norm == final
     assert isinstance(model.final_norm, nn.LayerNorm) == final
     seen = {}
     model.blocks[-1].register_forward_hook(lambda m, args, out: seen.update(out=out))

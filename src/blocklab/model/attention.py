@@ -1,199 +1,41 @@
-"""Multi-head attention covering MHA, GQA and MQA (through n_kv_heads), causal or not,
-optionally windowed, with a KV cache. The hot path is F.scaled_dot_product_attention;
-an explicit softmax path runs only when attention weights are asked for (analysis)."""
+"""Attention kinds behind one interface, in a registry (`attn.kind`).
+
+Every kind projects x to queries, keys and values (W_q, W_k, W_v stacked in one matrix, as
+GPT-2's c_attn) and back through out_proj; a kind defines how queries meet keys (`attend`) and
+what it keeps between decoding steps (`new_state`, a cache.LayerState). `softmax` covers MHA,
+GQA and MQA (through n_kv_heads), causal or not, optionally windowed; its hot path is
+F.scaled_dot_product_attention, and an explicit softmax path runs only when attention weights
+are asked for (analysis)."""
 import math
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.model.position import PositionScheme, default_positions
+from blocklab.model.cache import DecodingCache, KVState, LayerState
+from blocklab.model.mask import AttentionContext
+from blocklab.registry import Registry
 
-
-@dataclass
-class KVCache:
-    """Keys/values per layer, in buffers that grow by doubling, so a decoding step writes its token
-    into a free slot instead of copying the whole cache; plus what the mask needs about each held key.
-    The held keys have absolute indices start .. start + length - 1. For inference (no autograd).
-    Encoder-decoder models also keep the encoder output and each layer's cross-attention K/V."""
-
-    window: int | None = None
-    length: int = 0  # keys held, the same in every layer
-    start: int = 0  # absolute index of the first held key (> 0 once a window has dropped keys)
-    positions: Tensor | None = None  # (B, length) position ids, for position biases and the next positions
-    valid: Tensor | None = None  # (B, length) False where the key is padding; None when none is
-    memory: Tensor | None = None  # encoder output (B, S, D)
-    memory_valid: Tensor | None = None
-    cross: dict = field(default_factory=dict)  # layer -> (k, v) of the memory
-    buffers: list = field(default_factory=list)  # per layer (K, V), each (B, H_kv, capacity, d_head)
-
-    @property
-    def next_index(self) -> int:
-        return self.start + self.length
-
-    @property
-    def keys(self) -> list[Tensor]:
-        return [k[:, :, :self.length] for k, _ in self.buffers]
-
-    @property
-    def values(self) -> list[Tensor]:
-        return [v[:, :, :self.length] for _, v in self.buffers]
-
-    def bytes(self) -> int:
-        """Bytes of the held keys and values (the buffers' spare capacity not counted)."""
-        tensors = self.keys + self.values + [t for kv in self.cross.values() for t in kv]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this pass's (already rotated) keys and values after the held ones; return all of them."""
-        end = self.length + k.shape[2]
-        if layer == len(self.buffers):
-            self.buffers.append((None, None))
-        k_buf, v_buf = self.buffers[layer]
-        if k_buf is None or end > k_buf.shape[2]:
-            k_buf, v_buf = self._grown(k_buf, k, end), self._grown(v_buf, v, end)
-            self.buffers[layer] = (k_buf, v_buf)
-        k_buf.narrow(2, self.length, k.shape[2]).copy_(k)
-        v_buf.narrow(2, self.length, v.shape[2]).copy_(v)
-        return k_buf.narrow(2, 0, end), v_buf.narrow(2, 0, end)
-
-    def _grown(self, buffer: Tensor | None, new: Tensor, needed: int) -> Tensor:
-        batch, heads, _, dim = new.shape
-        grown = new.new_empty(batch, heads, max(2 * needed, 16), dim)
-        if buffer is not None:
-            grown[:, :, :self.length] = buffer[:, :, :self.length]
-        return grown
-
-    def with_new_keys(self, positions: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Positions and validity (None: no padding) of the held keys followed by new ones."""
-        k_positions = positions if self.positions is None else torch.cat((self.positions, positions), dim=1)
-        if valid is None and self.valid is None:
-            return k_positions, None
-        held = self.valid if self.valid is not None else positions.new_ones(positions.shape[0], self.length, dtype=torch.bool)
-        new = valid if valid is not None else positions.new_ones(positions.shape, dtype=torch.bool)
-        return k_positions, torch.cat((held, new), dim=1)
-
-    def commit(self, ctx: "AttentionContext") -> None:
-        """After a forward pass: count the new keys, drop what a window never sees again."""
-        self.positions, self.valid = ctx.k_positions, ctx.k_valid
-        self.length = self.positions.shape[1]
-        drop = 0 if self.window is None else self.length - self.window
-        if drop <= 0:
-            return
-        for k_buf, v_buf in self.buffers:  # local attention only ever looks `window` keys back
-            k_buf[:, :, :self.window] = k_buf[:, :, drop:self.length].clone()
-            v_buf[:, :, :self.window] = v_buf[:, :, drop:self.length].clone()
-        self.start, self.length = self.start + drop, self.window
-        self.positions = self.positions[:, drop:]
-        self.valid = None if self.valid is None else self.valid[:, drop:]
-
-
-@dataclass
-class AttentionContext:
-    """Everything attention needs that is the same for every layer of one forward pass."""
-
-    positions: Tensor  # (B|1, T) positions of the new tokens
-    position_scheme: PositionScheme
-    mask: Tensor | None  # float, broadcastable to (B, H, Tq, Tk); None on the fast causal path
-    is_causal: bool
-    cache: KVCache | None = None
-    need_weights: bool = False
-    # Positions and validity of all keys (held + new), which the cache keeps after the pass.
-    k_positions: Tensor | None = None
-    k_valid: Tensor | None = None
-
-
-def self_attention_context(idx: Tensor, positions: Tensor | None, valid: Tensor | None, cache: KVCache | None,
-                           scheme: PositionScheme, causal: bool, window: int | None,
-                           need_weights: bool = False) -> AttentionContext:
-    """Positions, mask and position bias for self-attention over `idx` (the new tokens), continuing
-    from the cache if there is one. Positions default to 0..T-1, or to the cache's next ones."""
-    batch, length = idx.shape
-    if positions is None:
-        positions = default_positions(length, idx.device)  # shared per length, so schemes can reuse their tables
-        if cache is not None and cache.positions is not None:
-            positions = cache.positions[:, -1:] + 1 + positions
-    if valid is not None and bool(valid.all()):
-        valid = None  # no padding: nothing to mask, and SDPA can take its fast path
-    q_start, k_start, k_positions, k_valid = 0, 0, positions, valid
-    if cache is not None:
-        positions = positions.expand(batch, length)  # the cache keeps one row per sequence
-        q_start, k_start = cache.next_index, cache.start
-        k_positions, k_valid = cache.with_new_keys(positions, valid)
-    mask, is_causal = build_mask(q_start, length, k_start, k_positions.shape[1], causal, window, k_valid,
-                                 scheme.bias(positions, k_positions), idx.device)
-    return AttentionContext(positions, scheme, mask, is_causal, cache, need_weights, k_positions, k_valid)
-
-
-def cross_attention_context(memory_valid: Tensor | None, scheme: PositionScheme, cache: KVCache | None,
-                            need_weights: bool = False) -> AttentionContext:
-    """Decoder queries see every valid encoder position; positions are already in the memory."""
-    mask = None
-    if memory_valid is not None and not bool(memory_valid.all()):
-        mask = torch.zeros(memory_valid.shape, dtype=torch.float32, device=memory_valid.device)
-        mask = mask.masked_fill(~memory_valid, float("-inf"))[:, None, None, :]
-    return AttentionContext(torch.zeros(1, 1, dtype=torch.long), scheme, mask, False, cache, need_weights)
-
-
-def build_mask(
-    q_start: int,
-    q_len: int,
-    k_start: int,
-    k_len: int,
-    causal: bool,
-    window: int | None,
-    key_valid: Tensor | None,
-    bias: Tensor | None,
-    device=None,
-) -> tuple[Tensor | None, bool]:
-    """Fold causality, the local window, key padding and a position bias into one float mask.
-    Queries have absolute indices q_start.., keys k_start..; the keys end with the queries themselves.
-
-    Returns (mask, is_causal); mask is None when SDPA's own causal flag says it all."""
-    if window is None and key_valid is None and bias is None:
-        if not causal or q_len == k_len:
-            return None, causal  # no held keys: SDPA's own causal flag
-        if q_len == 1:
-            return None, False  # one new token (decoding): every key is in its past
-    q_index = torch.arange(q_start, q_start + q_len, device=device)
-    k_index = torch.arange(k_start, k_start + k_len, device=device)
-    offset = q_index[:, None] - k_index[None, :]  # how far back each key is
-    allowed = torch.ones_like(offset, dtype=torch.bool)
-    if causal:
-        allowed &= offset >= 0
-    if window is not None:
-        allowed &= offset.abs() < window
-    allowed = allowed[None, None]  # (1, 1, Tq, Tk)
-    if key_valid is not None:
-        # Padding queries still see themselves, so no softmax row is empty (no NaN); their outputs are ignored.
-        allowed = (allowed & key_valid[:, None, None, :]) | (offset == 0)
-    mask = torch.zeros(allowed.shape, dtype=torch.float32, device=device)
-    mask = mask.masked_fill(~allowed, float("-inf"))
-    if bias is not None:
-        mask = mask + bias
-    return mask, False
+# The constructor arguments every kind gets from the model config; the rest are the kind's own options.
+COMMON_ARGS = ("d_model", "n_heads", "n_kv_heads", "scale", "qk_norm", "dropout", "bias")
+ATTENTION_KINDS: Registry = Registry("attn.kind", framework_args=COMMON_ARGS)
 
 
 class Attention(nn.Module):
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int | None = None,
-        scale: float | None = None,
-        qk_norm: bool = False,
-        dropout: float = 0.0,
-        bias: bool = True,
-    ):
+    """What every kind shares: the stacked q/k/v projection in, out_proj back, optional RMSNorm on each
+    head's queries and keys, the position scheme's rotation. Subclasses implement `attend`, and
+    `new_state` if they can decode step by step. Options of a kind are its extra constructor keywords;
+    `errors` and `label` are its constraints and the name results record for it."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, scale: float | None = None,
+                 qk_norm: bool = False, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads or n_heads
         self.d_head = d_model // n_heads
         self.scale = 1 / math.sqrt(self.d_head) if scale is None else scale
         self.dropout = dropout  # causality, windows and padding arrive as the context's mask
-        # W_q, W_k and W_v stacked in one matrix (GPT-2's c_attn), rows in that order: one matmul
-        # instead of three, ~9% of a cached decoding step and 2-4% of a training step.
+        # W_q, W_k and W_v stacked in one matrix: one matmul instead of three (`python -m blocklab.bench step`).
         self.qkv_sizes = (n_heads * self.d_head, self.n_kv_heads * self.d_head, self.n_kv_heads * self.d_head)
         self.qkv_proj = nn.Linear(d_model, sum(self.qkv_sizes), bias=bias)
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
@@ -201,6 +43,29 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else None
         self.last_weights: Tensor | None = None
         self.register_load_state_dict_pre_hook(_stack_separate_projections)
+
+    @classmethod
+    def label(cls, cfg) -> str:
+        """What results.json records as `choices.attn` for this kind under `cfg` (a ModelConfig)."""
+        return cls.registry_name
+
+    @classmethod
+    def errors(cls, cfg, options: dict) -> list[str]:
+        """Constraints on the model config and this kind's options, one line each naming key and fix."""
+        return []
+
+    def state_bytes_per_token(self, element_size: int) -> int:
+        """How many bytes this layer's decoding state grows by per token (0: a fixed-size state)."""
+        raise NotImplementedError
+
+    def new_state(self) -> LayerState:
+        """An empty decoding state for this layer (what it keeps between decoding steps)."""
+        raise NotImplementedError(f"attn.kind={self.registry_name} cannot decode step by step")
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, state: LayerState | None) -> Tensor:
+        """(B, H, Tq, d_head) queries, (B, H_kv, Tk, d_head) keys and values of the new tokens (and the
+        state held from earlier steps, if decoding) -> (B, H, Tq, d_head)."""
+        raise NotImplementedError
 
     def projection(self, part: str) -> tuple[Tensor, Tensor | None]:
         """(weight, bias) of W_q, W_k or W_v ('q', 'k', 'v'): views of their rows of qkv_proj."""
@@ -218,25 +83,59 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttentionContext, layer: int = 0, memory: Tensor | None = None) -> Tensor:
         """Self-attention over x, or cross-attention from x to `memory` (the encoder output)."""
+        state = None
         if memory is None:
             # Split before the head view: the backward then joins the three gradients straight into
-            # (B, T, .) instead of also copying a transposed (B, T, heads, d_head) (~0.5 ms a step).
+            # (B, T, .) instead of also copying a transposed (B, T, heads, d_head).
             q, k, v = (self._heads(part) for part in self.qkv_proj(x).split(self.qkv_sizes, dim=-1))
             q, k = _normed(q, self.q_norm), _normed(k, self.k_norm)
             q, k = ctx.position_scheme.rotate(q, k, ctx.positions)
             if ctx.cache is not None:
-                k, v = ctx.cache.extend(layer, k, v)
+                state = ctx.cache.state(layer, self.new_state)
         else:
             q = _normed(self._heads(F.linear(x, *self.projection("q"))), self.q_norm)
             k, v = self._memory_kv(memory, ctx.cache, layer)
+        return self.out_proj(self.attend(q, k, v, ctx, state).transpose(1, 2).flatten(2))
+
+    def _memory_kv(self, memory: Tensor, cache: DecodingCache | None, layer: int) -> tuple[Tensor, Tensor]:
+        if cache is not None and layer in cache.cross:
+            return cache.cross[layer]
+        q_size, k_size, v_size = self.qkv_sizes
+        kv = F.linear(memory, *self._rows(q_size, k_size + v_size))
+        k, v = (self._heads(part) for part in kv.chunk(2, dim=-1))
+        k = _normed(k, self.k_norm)
+        if cache is not None:
+            cache.cross[layer] = (k, v)
+        return k, v
+
+
+@ATTENTION_KINDS.register("softmax")
+class SoftmaxAttention(Attention):
+    """softmax(scale q k^T + mask) v per head (Vaswani et al. 2017), with MHA, GQA (Ainslie et al. 2023)
+    and MQA (Shazeer 2019) through n_kv_heads. Decoding keeps every key and value (a KV cache)."""
+
+    @classmethod
+    def label(cls, cfg) -> str:
+        if cfg.attn.window is not None:
+            return "local"
+        kv = cfg.attn.n_kv_heads or cfg.n_heads
+        return "mha" if kv == cfg.n_heads else "mqa" if kv == 1 else "gqa"
+
+    def state_bytes_per_token(self, element_size: int) -> int:
+        return 2 * self.n_kv_heads * self.d_head * element_size
+
+    def new_state(self) -> KVState:
+        return KVState()
+
+    def attend(self, q, k, v, ctx, state):
+        if state is not None:
+            k, v = state.extend(k, v)
         if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            # Mixed precision: the projections run in bfloat16, attention itself in float32. Torch's
-            # bfloat16 SDPA on CPU is ~4x slower than its float32 kernel (forward + backward, baby config).
+            # Mixed precision: the projections run in bfloat16, attention itself in float32, because
+            # torch's bfloat16 SDPA on CPU is slower than its float32 kernel (`python -m blocklab.bench step`).
             with torch.autocast("cpu", enabled=False):
-                y = self._attend(q.float(), k.float(), v.float(), ctx)
-        else:
-            y = self._attend(q, k, v, ctx)
-        return self.out_proj(y.transpose(1, 2).flatten(2))
+                return self._attend(q.float(), k.float(), v.float(), ctx)
+        return self._attend(q, k, v, ctx)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
         """softmax(scale q k^T + mask) v per head: (B, H, Tq, d_head)."""
@@ -252,17 +151,6 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
                                               scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads)
 
-    def _memory_kv(self, memory: Tensor, cache: KVCache | None, layer: int) -> tuple[Tensor, Tensor]:
-        if cache is not None and layer in cache.cross:
-            return cache.cross[layer]
-        q_size, k_size, v_size = self.qkv_sizes
-        kv = F.linear(memory, *self._rows(q_size, k_size + v_size))
-        k, v = (self._heads(part) for part in kv.chunk(2, dim=-1))
-        k = _normed(k, self.k_norm)
-        if cache is not None:
-            cache.cross[layer] = (k, v)
-        return k, v
-
     def explicit(self, q, k, v, mask, is_causal, dropout) -> tuple[Tensor, Tensor]:
         """softmax(q k^T * scale + mask) v, written out so the weights can be returned."""
         repeat = self.n_heads // self.n_kv_heads
@@ -275,6 +163,12 @@ class Attention(nn.Module):
             scores = scores + mask
         weights = scores.softmax(dim=-1)
         return F.dropout(weights, dropout) @ v, weights
+
+
+def build_attention(cfg) -> Attention:
+    """The configured kind for one layer of a ModelConfig."""
+    return ATTENTION_KINDS[cfg.attn.kind](cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head),
+                                          cfg.attn.qk_norm, cfg.dropout, cfg.bias, **cfg.attn.options)
 
 
 def _normed(x: Tensor, norm: nn.Module | None) -> Tensor:
@@ -292,7 +186,7 @@ def _stack_separate_projections(module, state_dict, prefix, *args) -> None:
 class LearnedBiasAttention(torch.autograd.Function):
     """SDPA with a float mask that is trained (T5's bias). Given a mask that needs gradients, torch's
     CPU SDPA falls back to its unfused math path, whose empty-row checks (isneginf, all, where) and
-    copies cost ~0.5 ms a layer at the baby config. Here the forward is SDPA's fused kernel with the
+    copies are slow (`python -m blocklab.bench step`, t5_bias vs none). Here the forward is SDPA's fused kernel with the
     mask as a constant, and the backward is softmax attention's gradient written out: with
     P = softmax(S), S = scale q k^T + mask, dS = P * (dP - rowsum(dO * O)) is also the mask's gradient.
     Only without dropout (the fused forward's dropout pattern cannot be replayed); every query sees

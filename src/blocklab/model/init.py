@@ -7,7 +7,8 @@ from torch import Tensor, nn
 
 from blocklab.model.attention import Attention
 from blocklab.model.ffn import FFN
-from blocklab.model.norm import deepnorm_beta
+from blocklab.model.norm import PLACEMENTS, deepnorm_beta
+from blocklab.registry import Registry
 
 
 def _linears_and_embeddings(model):
@@ -50,31 +51,40 @@ def weight_matrices(model) -> list[Tensor]:
     return weights
 
 
+INIT_SCHEMES: Registry = Registry("init.name", framework_args=("model", "cfg"))
+
+
+@INIT_SCHEMES.register("default")
 def init_default(model, cfg):
     """PyTorch's own per-layer defaults: nothing to do."""
 
 
+@INIT_SCHEMES.register("normal")
 def init_normal(model, cfg):
     _normal(model, cfg.init.std)
 
 
+@INIT_SCHEMES.register("gpt2")
 def init_gpt2(model, cfg):
     _normal(model, cfg.init.std)
     for layer in branch_outputs(model):
         nn.init.normal_(layer.weight, 0.0, cfg.init.std / math.sqrt(2 * cfg.n_layers))
 
 
+@INIT_SCHEMES.register("xavier")
 def init_xavier(model, cfg):
     _normal(model, cfg.init.std)  # embeddings
     for weight in weight_matrices(model):
         nn.init.xavier_normal_(weight)
 
 
+@INIT_SCHEMES.register("small")
 def init_small(model, cfg):
     """Nguyen & Salazar (2019): N(0, sqrt(2 / (5 d))) everywhere."""
     _normal(model, math.sqrt(2 / (5 * cfg.d_model)))
 
 
+@INIT_SCHEMES.register("deepnet")
 def init_deepnet(model, cfg):
     """Wang et al. (2022): Xavier normal, gain beta on value/output/FFN, gain 1 on queries/keys."""
     init_xavier(model, cfg)
@@ -83,6 +93,10 @@ def init_deepnet(model, cfg):
         nn.init.xavier_normal_(weight, gain=beta)
 
 
+init_deepnet.applies_deepnorm_gain = True  # DeepNorm placements must not scale its weights a second time
+
+
+@INIT_SCHEMES.register("zero_branch")
 def init_zero_branch(model, cfg):
     """Every residual branch starts as exactly zero, so each block starts as the identity."""
     _normal(model, cfg.init.std)
@@ -90,22 +104,12 @@ def init_zero_branch(model, cfg):
         nn.init.zeros_(layer.weight)
 
 
-INIT_FUNCTIONS = {
-    "default": init_default,
-    "normal": init_normal,
-    "gpt2": init_gpt2,
-    "xavier": init_xavier,
-    "small": init_small,
-    "deepnet": init_deepnet,
-    "zero_branch": init_zero_branch,
-}
-
-
 def apply_init(model, cfg):
-    INIT_FUNCTIONS[cfg.init.name](model, cfg)
-    # DeepNorm is alpha on the residual *and* beta at init; deepnet already applied beta.
-    if cfg.norm.placement == "deepnorm" and cfg.init.name != "deepnet":
-        beta = deepnorm_beta(cfg.n_layers)
+    scheme = INIT_SCHEMES[cfg.init.name]
+    scheme(model, cfg)
+    # DeepNorm is alpha on the residual *and* beta at init, whatever the scheme; deepnet applied beta itself.
+    gain = PLACEMENTS[cfg.norm.placement].init_gain(cfg.n_layers)
+    if gain != 1.0 and not getattr(scheme, "applies_deepnorm_gain", False):
         with torch.no_grad():
             for weight in deepnet_scaled(model):
-                weight.mul_(beta)
+                weight.mul_(gain)

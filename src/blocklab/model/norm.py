@@ -1,8 +1,70 @@
-"""Normalization layers. Where a norm sits (pre/post/sandwich/deepnorm) is the Block's business."""
+"""Normalization: the norm types (what a norm computes) and the placements (where norms sit around
+each sublayer), each a registry. A placement is described once here; the Block, the final norm,
+the init schemes, the config and the analysis probe read that description."""
+from dataclasses import dataclass
+
 from torch import nn
 
-NORM_TYPES = ("layernorm", "rmsnorm", "none")
-PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")
+from blocklab.registry import Registry
+
+NORM_TYPES: Registry = Registry("norm.type", framework_args=("dim", "eps", "bias"))
+PLACEMENTS: Registry = Registry("norm.placement")
+
+
+@NORM_TYPES.register("layernorm")
+def layernorm(dim: int, eps: float, bias: bool) -> nn.Module:
+    return nn.LayerNorm(dim, eps=eps, bias=bias)
+
+
+@NORM_TYPES.register("rmsnorm")
+def rmsnorm(dim: int, eps: float, bias: bool) -> nn.Module:
+    return nn.RMSNorm(dim, eps=eps)
+
+
+@NORM_TYPES.register("none")
+def no_norm(dim: int, eps: float, bias: bool) -> None:
+    """No normalization at all: every place a norm would sit is left empty."""
+    return None
+
+
+def build_norm(norm_type: str, dim: int, eps: float = 1e-5, bias: bool = True) -> nn.Module | None:
+    """The norm module, or None for the 'none' type (a missing module is cheaper than nn.Identity)."""
+    return NORM_TYPES[norm_type](dim, eps, bias)
+
+
+def normalizes(norm_type: str) -> bool:
+    return build_norm(norm_type, 2) is not None
+
+
+@dataclass
+class Placement:
+    """Where a sublayer f's norms sit. One norm on the branch input (`norm_in`), one on the branch
+    output (`norm_out`), which `norm_after_sum` moves after the residual sum; `final_norm` gives the
+    stack one last norm before the head, for stacks that leave the residual stream unnormalized;
+    `depth_scaled` is DeepNorm's alpha on the residual and beta on branch weights at init."""
+
+    formula: str
+    norm_in: bool
+    norm_out: bool
+    norm_after_sum: bool
+    final_norm: bool
+    depth_scaled: bool = False
+
+    def alpha(self, n_layers: int) -> float:
+        return deepnorm_alpha(n_layers) if self.depth_scaled else 1.0
+
+    def init_gain(self, n_layers: int) -> float:
+        return deepnorm_beta(n_layers) if self.depth_scaled else 1.0
+
+
+PLACEMENTS.register("pre")(Placement("x + f(LN(x))", norm_in=True, norm_out=False, norm_after_sum=False,
+                                     final_norm=True))
+PLACEMENTS.register("post")(Placement("LN(x + f(x))", norm_in=False, norm_out=True, norm_after_sum=True,
+                                      final_norm=False))
+PLACEMENTS.register("sandwich")(Placement("x + LN2(f(LN1(x)))", norm_in=True, norm_out=True, norm_after_sum=False,
+                                          final_norm=True))
+PLACEMENTS.register("deepnorm")(Placement("LN(alpha x + f(x))", norm_in=False, norm_out=True, norm_after_sum=True,
+                                          final_norm=False, depth_scaled=True))
 
 # Canonical names of the shipped presets, used to label runs by what they compute.
 _PRESET_NAMES = {
@@ -15,26 +77,11 @@ _PRESET_NAMES = {
 }
 
 
-def build_norm(norm_type: str, dim: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    if norm_type == "layernorm":
-        return nn.LayerNorm(dim, eps=eps, bias=bias)
-    if norm_type == "rmsnorm":
-        return nn.RMSNorm(dim, eps=eps)
-    if norm_type == "none":
-        return nn.Identity()
-    raise ValueError(f"unknown norm type {norm_type!r}; choose one of {NORM_TYPES}")
-
-
 def norm_name(norm_type: str, placement: str) -> str:
     """Short label for a (type, placement) pair: 'pre_ln' for the presets, else 'placement_type'."""
-    if norm_type == "none":
+    if not normalizes(norm_type):
         return "none"
     return _PRESET_NAMES.get((norm_type, placement), f"{placement}_{norm_type}")
-
-
-def has_final_norm(placement: str) -> bool:
-    # Pre-norm stacks leave the residual stream unnormalized, so the head needs one last norm.
-    return placement in ("pre", "sandwich")
 
 
 def deepnorm_alpha(n_layers: int) -> float:

@@ -13,16 +13,9 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
-POSITION_SCHEMES: dict[str, type["PositionScheme"]] = {}
+from blocklab.registry import Registry
 
-
-def register(name: str):
-    def add(cls):
-        cls.scheme_name = name
-        POSITION_SCHEMES[name] = cls
-        return cls
-
-    return add
+POSITION_SCHEMES: Registry = Registry("pos.name", framework_args=("d_model", "n_heads", "d_head", "causal"))
 
 
 class PerPositions:
@@ -61,7 +54,7 @@ def default_positions(length: int, device) -> Tensor:
 
 
 class PositionScheme(nn.Module):
-    scheme_name = "base"
+    """A scheme's options are its constructor's keyword arguments past the four the model supplies."""
 
     def __init__(self, d_model: int, n_heads: int, d_head: int, causal: bool = True):
         super().__init__()
@@ -77,8 +70,23 @@ class PositionScheme(nn.Module):
     def bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
         return None
 
+    @classmethod
+    def adds_bias(cls) -> bool:
+        """Whether the scheme adds to attention scores (so bounds on q.k alone do not hold)."""
+        return cls.bias is not PositionScheme.bias
 
-@register("none")
+    @classmethod
+    def derived_options(cls, cfg) -> dict:
+        """Values of options left null ('derive it') in the config, from the model config."""
+        return {}
+
+    @classmethod
+    def errors(cls, cfg, options: dict) -> list[str]:
+        """Constraints on the model config and this scheme's (resolved) options, one line each."""
+        return []
+
+
+@POSITION_SCHEMES.register("none")
 class NoPE(PositionScheme):
     """No positional information; a causal mask still breaks permutation symmetry."""
 
@@ -89,7 +97,7 @@ def _angles(positions: Tensor, dim: int, base: float) -> Tensor:
     return positions.to(torch.float32)[..., None] * inv_freq
 
 
-@register("sinusoidal")
+@POSITION_SCHEMES.register("sinusoidal")
 class Sinusoidal(PositionScheme):
     """Vaswani et al.: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/d), added to
     the token embeddings multiplied by sqrt(d) as in the paper (scale_embeddings). Unscaled, a
@@ -99,6 +107,10 @@ class Sinusoidal(PositionScheme):
         super().__init__(d_model, n_heads, d_head, causal)
         self.base = base
         self.embed_scale = math.sqrt(d_model) if scale_embeddings else 1.0
+
+    @classmethod
+    def errors(cls, cfg, options):
+        return [f"pos=sinusoidal needs an even model.d_model (got {cfg.d_model})"] if cfg.d_model % 2 else []
 
     def table(self, positions: Tensor) -> Tensor:
         return self.memo.get((positions,), (), lambda: self._table(positions))
@@ -111,7 +123,7 @@ class Sinusoidal(PositionScheme):
         return x * self.embed_scale + self.table(positions).to(x.dtype)
 
 
-@register("learned")
+@POSITION_SCHEMES.register("learned")
 class Learned(PositionScheme):
     """A trained vector per absolute position (GPT-2). Positions past the table are an error."""
 
@@ -119,6 +131,17 @@ class Learned(PositionScheme):
         super().__init__(d_model, n_heads, d_head, causal)
         self.max_len = max_len
         self.table = nn.Embedding(max_len, d_model)
+
+    @classmethod
+    def derived_options(cls, cfg):
+        return {"max_len": cfg.max_len}  # the table covers the longest sequence trained or evaluated
+
+    @classmethod
+    def errors(cls, cfg, options):
+        if options["max_len"] < cfg.max_len:
+            return [f"pos.max_len={options['max_len']} is shorter than the longest sequence to train or evaluate "
+                    f"({cfg.max_len} tokens); raise pos.max_len or set it to null (auto)"]
+        return []
 
     def embed(self, x, positions):
         if positions.numel() and int(positions.max()) >= self.max_len:
@@ -129,13 +152,20 @@ class Learned(PositionScheme):
         return x + self.table(positions)
 
 
-@register("rope")
+@POSITION_SCHEMES.register("rope")
 class RoPE(PositionScheme):
     """Su et al.: rotate each pair (x_2i, x_2i+1) of q and k by angle p * base^(-2i/d_head)."""
 
     def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0):
         super().__init__(d_model, n_heads, d_head, causal)
         self.base = base
+
+    @classmethod
+    def errors(cls, cfg, options):
+        if cfg.d_head % 2:
+            return [f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {cfg.d_head}; "
+                    "change model.n_heads or model.d_model"]
+        return []
 
     def rotate(self, q, k, positions):
         rotation = self.rotations(positions, q.dtype)
@@ -180,7 +210,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
     return torch.tensor(slopes)
 
 
-@register("alibi")
+@POSITION_SCHEMES.register("alibi")
 class ALiBi(PositionScheme):
     """Linear distance penalty per head: bias = -slope_h * |i - j|."""
 
@@ -215,7 +245,7 @@ def t5_buckets(relative: Tensor, bidirectional: bool, num_buckets: int, max_dist
     return bucket + torch.where(distance < max_exact, distance, large)
 
 
-@register("t5_bias")
+@POSITION_SCHEMES.register("t5_bias")
 class T5Bias(PositionScheme):
     """A learned scalar per (bucketed relative distance, head), shared by all layers."""
 
@@ -223,6 +253,15 @@ class T5Bias(PositionScheme):
         super().__init__(d_model, n_heads, d_head, causal)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Embedding(num_buckets, n_heads)
+
+    @classmethod
+    def errors(cls, cfg, options):
+        buckets, distance = options.get("num_buckets", 32), options.get("max_distance", 128)
+        exact = buckets // (2 if not cfg.attn.causal else 1) // 2
+        if buckets < 4 or distance <= exact:
+            return [f"pos.num_buckets={buckets} / pos.max_distance={distance}: need num_buckets >= 4 and "
+                    f"max_distance > {exact} (the exact-bucket range)"]
+        return []
 
     def bias(self, q_positions, k_positions):
         # The buckets depend on positions only (computed once per pair); the table lookup is trained.

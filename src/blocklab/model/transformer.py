@@ -1,21 +1,33 @@
-"""The models: decoder-only (default) and the original encoder-decoder, from the configured parts."""
+"""The architectures (`model.arch`), a registry: decoder-only (default) and the original encoder-decoder."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from torch import Tensor, nn
 
-from blocklab.model.attention import KVCache, cross_attention_context, self_attention_context
 from blocklab.model.block import Block
-from blocklab.model.config import ModelConfig
+from blocklab.model.cache import DecodingCache
 from blocklab.model.ffn import dropout_layer
 from blocklab.model.init import apply_init
-from blocklab.model.norm import build_norm, has_final_norm
+from blocklab.model.mask import cross_attention_context, self_attention_context
+from blocklab.model.norm import PLACEMENTS, build_norm
 from blocklab.model.position import build_position
+from blocklab.registry import Registry
+
+if TYPE_CHECKING:
+    from blocklab.model.config import ModelConfig
+
+ARCHITECTURES: Registry = Registry("model.arch")
 
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
     # Pre-norm stacks leave the residual stream unnormalized, so the output gets one last norm.
-    return build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias) if has_final_norm(cfg.norm.placement) \
-        else nn.Identity()
+    norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias) if PLACEMENTS[cfg.norm.placement].final_norm \
+        else None
+    return nn.Identity() if norm is None else norm
 
 
+@ARCHITECTURES.register("decoder")
 class Transformer(nn.Module):
     """Decoder-only language model."""
 
@@ -38,14 +50,19 @@ class Transformer(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # shared (tied) tensors counted once
 
-    def new_cache(self) -> KVCache:
-        return KVCache(window=self.cfg.attn.window)
+    def new_cache(self) -> DecodingCache:
+        return DecodingCache(window=self.cfg.attn.window)
+
+    def cache_bytes_per_token(self) -> int:
+        """How much cached decoding state grows per generated token, over all layers."""
+        size = next(self.parameters()).element_size()
+        return sum(block.attn.state_bytes_per_token(size) for block in self.blocks)
 
     def _dropout(self, x: Tensor) -> Tensor:
         return x if self.drop is None else self.drop(x)
 
     def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
-                cache: KVCache | None = None, need_weights: bool = False):
+                cache: DecodingCache | None = None, need_weights: bool = False):
         """idx (B, T) token ids; positions (B|1, T) position ids (default: continue from the cache,
         or 0..T-1); valid (B, T) False at padding. With a cache, idx holds only the new tokens.
         Returns logits (B, T, vocab), and with need_weights also a list of per-layer (B, H, T, Tk)."""
@@ -59,13 +76,14 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x, ctx, *cross)
         if cache is not None:
-            cache.commit(ctx)
+            cache.commit(ctx.k_positions, ctx.k_valid)
         logits = self.head(self.final_norm(x))
         if need_weights:
             return logits, [block.attn.last_weights for block in self.blocks]
         return logits
 
 
+@ARCHITECTURES.register("encoder_decoder")
 class EncoderDecoder(Transformer):
     """Vaswani et al.: a bidirectional encoder reads the source; a causal decoder with
     cross-attention writes the target. Token embeddings (and the output head) are shared."""
@@ -91,7 +109,7 @@ class EncoderDecoder(Transformer):
         return self.enc_norm(x)
 
     def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
-                cache: KVCache | None = None, need_weights: bool = False, source: Tensor | None = None,
+                cache: DecodingCache | None = None, need_weights: bool = False, source: Tensor | None = None,
                 source_valid: Tensor | None = None):
         """As the decoder-only forward, plus the source; with a cache the source is encoded once."""
         if cache is not None and cache.memory is not None:
@@ -102,9 +120,6 @@ class EncoderDecoder(Transformer):
                 cache.memory, cache.memory_valid = memory, source_valid
         cross_ctx = cross_attention_context(source_valid, self.pos, cache, need_weights)
         return self._decode(idx, positions, valid, cache, need_weights, cross_ctx, memory)
-
-
-ARCHITECTURES = {"decoder": Transformer, "encoder_decoder": EncoderDecoder}
 
 
 def build_model(cfg: ModelConfig) -> Transformer:
