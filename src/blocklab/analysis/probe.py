@@ -17,10 +17,9 @@ def prenorm_score_bounds(model, block) -> list[float] | None:
     scale 1/sqrt(d) this is the seed's M = Gamma^2 sigma_Q sigma_K sqrt(d). None where the bound
     does not apply: post-norm inputs are not normalized, position biases and qk_norm change scores."""
     cfg = model.cfg
-    if cfg.norm.placement not in ("pre", "sandwich") or cfg.norm.type == "none" or cfg.attn.qk_norm \
-            or cfg.pos.name in ("alibi", "t5_bias"):
-        return None
     attn, norm = block.attn, block.attn_residual.norm_in
+    if norm is None or cfg.attn.qk_norm or model.pos.adds_bias():
+        return None
     gamma = float(norm.weight.abs().max()) if norm.weight is not None else 1.0
     beta = float(norm.bias.norm()) if getattr(norm, "bias", None) is not None else 0.0
     radius = gamma * math.sqrt(cfg.d_model) + beta

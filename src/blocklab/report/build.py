@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from blocklab.registry import Registry  # noqa: E402
 from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER  # noqa: E402
 
 TABLE_METRICS = ["final_val_loss", "final_train_loss", "exact_match_in", "exact_match_out", "params",
@@ -97,49 +98,76 @@ def _select(rows, where: dict | None):
     return [r for r in rows if all(str(r.get(k)) == str(v) for k, v in (where or {}).items())]
 
 
+PLOTS: Registry = Registry("study.plots[].kind")
+
+
+@PLOTS.register("by_length")
+def plot_by_length(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """The metric against evaluation length, one line per setting; dashed: the longest trained length."""
+    for key, members in group(rows, by).items():
+        lengths = sorted({e["length"] for m in members for e in m["eval"]})
+        means = [mean_std([e[metric] for m in members for e in m["eval"] if e["length"] == n])[0] for n in lengths]
+        ax.plot(lengths, means, marker="o", label=_label(dict(zip(by, key)), by))
+    train_max = max(r["train_max_length"] for r in rows)
+    ax.axvline(train_max, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("length (dashed: longest trained)")
+    _legend(ax)
+    return findings(rows, by, "exact_match_out" if metric == "exact_match" else "loss_out")
+
+
+@PLOTS.register("by_choice")
+def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """The metric against a numeric choice `x` (log2 axis), one line per setting."""
+    for key, members in group(rows, by).items():
+        xs = sorted({m.get(spec["x"]) for m in members})
+        ys = [mean_std([m.get(metric) for m in members if m.get(spec["x"]) == x])[0] for x in xs]
+        ax.plot(xs, ys, marker="o", label=_label(dict(zip(by, key)), by) or metric)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(spec["x"])
+    _legend(ax)
+    return None
+
+
+@PLOTS.register("by_layer")
+def plot_by_layer(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """A per-layer diagnostic (at init or at the end, `when`), one line per setting and depth."""
+    when = spec.get("when", "init")
+    for key, members in group(rows, by + ["model.n_layers"]).items():
+        series = [m[f"layers_{when}"].get(metric) for m in members if m.get(f"layers_{when}")]
+        series = [s for s in series if s and None not in s]
+        if not series:
+            continue
+        ys = [sum(values) / len(values) for values in zip(*series)]
+        ax.plot(range(len(ys)), ys, label=_label(dict(zip(by + ["model.n_layers"], key)), by + ["model.n_layers"]))
+    ax.set_yscale("log")
+    ax.set_xlabel(f"layer (at {when})")
+    _legend(ax)
+    return None
+
+
+@PLOTS.register("bar")
+def plot_bar(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """Mean and seed spread of the metric per setting."""
+    groups = group(rows, by)
+    stats = [mean_std([m.get(metric) for m in members]) for members in groups.values()]
+    ax.bar(range(len(stats)), [s[0] or 0 for s in stats], yerr=[s[1] or 0 for s in stats], capsize=3)
+    ax.set_xticks(range(len(stats)), [_label(dict(zip(by, k)), by) for k in groups], rotation=30, ha="right",
+                  fontsize=7)
+    return findings(rows, by, metric)
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6, ncol=2)
+
+
 def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     """Draw one canonical plot; returns a sentence of what it shows, computed from the data."""
     kind, metric, by = spec["kind"], spec["metric"], _keys(spec.get("by", []))
     rows = _select(rows, spec.get("where"))
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    note = None
-    if kind == "by_length":
-        for key, members in group(rows, by).items():
-            lengths = sorted({e["length"] for m in members for e in m["eval"]})
-            means = [mean_std([e[metric] for m in members for e in m["eval"] if e["length"] == n])[0] for n in lengths]
-            ax.plot(lengths, means, marker="o", label=_label(dict(zip(by, key)), by))
-        train_max = max(r["train_max_length"] for r in rows)
-        ax.axvline(train_max, color="grey", linestyle="--", linewidth=1)
-        ax.set_xlabel("length (dashed: longest trained)")
-        note = findings(rows, by, "exact_match_out" if metric == "exact_match" else "loss_out")
-    elif kind == "by_choice":
-        for key, members in group(rows, by).items():
-            xs = sorted({m.get(spec["x"]) for m in members})
-            ys = [mean_std([m.get(metric) for m in members if m.get(spec["x"]) == x])[0] for x in xs]
-            ax.plot(xs, ys, marker="o", label=_label(dict(zip(by, key)), by) or metric)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(spec["x"])
-    elif kind == "by_layer":
-        when = spec.get("when", "init")
-        for key, members in group(rows, by + ["model.n_layers"]).items():
-            series = [m[f"layers_{when}"].get(metric) for m in members if m.get(f"layers_{when}")]
-            series = [s for s in series if s and None not in s]
-            if not series:
-                continue
-            ys = [sum(values) / len(values) for values in zip(*series)]
-            ax.plot(range(len(ys)), ys, label=_label(dict(zip(by + ["model.n_layers"], key)), by + ["model.n_layers"]))
-        ax.set_yscale("log")
-        ax.set_xlabel(f"layer (at {when})")
-    elif kind == "bar":
-        groups = group(rows, by)
-        stats = [mean_std([m.get(metric) for m in members]) for members in groups.values()]
-        ax.bar(range(len(stats)), [s[0] or 0 for s in stats], yerr=[s[1] or 0 for s in stats], capsize=3)
-        ax.set_xticks(range(len(stats)), [_label(dict(zip(by, k)), by) for k in groups], rotation=30, ha="right",
-                      fontsize=7)
-        note = findings(rows, by, metric)
+    note = PLOTS[kind](ax, rows, spec, metric, by)
     ax.set_ylabel(metric)
-    if kind != "bar" and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=6, ncol=2)
     ax.set_title(f"{metric} ({kind.replace('_', ' ')})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
