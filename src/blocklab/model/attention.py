@@ -64,7 +64,8 @@ class Attention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, state: LayerState | None) -> Tensor:
         """(B, H, Tq, d_head) queries, (B, H_kv, Tk, d_head) keys and values of the new tokens (and the
-        state held from earlier steps, if decoding) -> (B, H, Tq, d_head)."""
+        state held from earlier steps, if decoding) -> (B, H, Tq, d_head). When `ctx.need_weights`
+        (analysis only), also set `self.last_weights` to the (B, H, Tq, Tk) weights each query gave each key."""
         raise NotImplementedError
 
     def projection(self, part: str) -> tuple[Tensor, Tensor | None]:
