@@ -6,10 +6,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from blocklab.cli import CONF_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
 # Tokenized corpora go to a per-session folder, never the user's cache.
 os.environ.setdefault("BLOCKLAB_CACHE", str(Path(__import__("tempfile").mkdtemp(prefix="blocklab-cache-"))))
-CONF = ROOT / "conf"
+CONF = CONF_DIR  # the packaged config (conf/ at the root is a link to it)
 
 # Fast settings for end-to-end runs: a few steps, small eval sets, no W&B unless a test asks.
 FAST = ["trainer=debug", "logger=none", "task.eval_examples=16"]

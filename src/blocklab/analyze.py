@@ -15,10 +15,9 @@ import torch
 from omegaconf import OmegaConf
 
 from blocklab.analysis.probe import measure
+from blocklab.cli import CONF_DIR  # the packaged config groups
 from blocklab.errors import ConfigError
 from blocklab.train.diagnostics import write_measurement
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def _setup_from_config(cfg):

@@ -1,0 +1,36 @@
+"""The Hydra application: `python -m blocklab.train norm=pre_ln pos=rope` (or `python train.py ...` in a
+checkout). The config ships inside the package (blocklab/conf), so an installed BlockLab needs no checkout."""
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from blocklab.errors import ConfigError
+
+# The config groups, wherever the package is installed (for Hydra's compose API: analyze, bench, tests).
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    # Heavy imports (torch, Lightning) only after Hydra parsed the command line: `--help`, `--cfg` and
+    # config errors stay fast, and start-up counts (`python -m blocklab.bench startup` measures it).
+    from blocklab.train.run import run
+
+    try:
+        return run(cfg)
+    except ConfigError as err:
+        for line in str(err).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
+        raise SystemExit(2) from None
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    """Hydra creates the run directory before the config is checked; leave no empty trace."""
+    try:
+        run_dir.rmdir()  # only ever succeeds on an empty directory
+    except OSError:
+        pass
