@@ -1,6 +1,5 @@
 """Sweep files expand to the expected jobs, every job config is valid, a sweep resumes after a kill,
 and the report renders in a real browser."""
-import itertools
 import json
 import os
 import shutil
@@ -11,27 +10,29 @@ import time
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from blocklab.train.run import prepare
-from conftest import ROOT, compose_config
+from conftest import CONF, ROOT, compose_config
 
-SWEEPS = ROOT / "sweeps"
+SWEEPS = CONF / "sweep"
 EXPECTED_JOBS = {"head_count": 36, "pe_copy": 18, "pe_addition": 18, "pe_lm": 18, "init_depth": 36,
                  "norm_placement": 32, "activations": 24, "attention_variants": 9, "causal_mask": 6,
                  "rank_collapse": 12, "attention_scale": 18, "addition_format": 12}
 
 
 def expand(name: str) -> list[list[str]]:
-    """The job override lists Hydra's basic sweeper makes from a sweep file's params."""
+    """The job override lists Hydra's basic sweeper makes from a sweep file's params (glob(*) expands
+    to the group's files, as in a real multirun)."""
     params = OmegaConf.load(SWEEPS / f"{name}.yaml")["hydra"]["sweeper"]["params"]
-    parser = OverridesParser.create()
-    axes = []
-    for key, value in params.items():
-        override = parser.parse_override(f"{key}={value}")
-        axes.append([f"{key}={v}" for v in override.sweep_string_iterator()])
-    return [list(job) for job in itertools.product(*axes)]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        overrides = parser.parse_overrides([f"{key}={value}" for key, value in params.items()])
+        return BasicSweeper.split_arguments(overrides, max_batch_size=None)[0]
 
 
 def test_every_exercise_has_a_sweep_file():
@@ -51,6 +52,36 @@ def test_sweep_expands_to_valid_jobs(name, tmp_path):
         prepare(cfg)  # raises ConfigError on an invalid combination
     scaled = compose_config([f"sweep={name}", "study.scale=4"], tmp_path / "scaled")
     assert scaled.trainer.max_steps == 4 * compose_config([f"sweep={name}"], tmp_path / "base").trainer.max_steps
+
+
+@pytest.mark.parametrize("name", ["pe_copy", "pe_addition", "pe_lm"])
+def test_position_sweeps_enumerate_every_scheme(name):
+    """`pos: glob(*)`: a new conf/pos file joins the position sweeps by itself; today's jobs are the ones
+    the typed list `none,sinusoidal,learned,t5_bias,rope,alibi` made (their folder names included)."""
+    jobs = expand(name)
+    typed = {("pos=" + pos, f"seed={seed}") for pos in ("none", "sinusoidal", "learned", "t5_bias", "rope", "alibi")
+             for seed in range(3)}
+    assert {tuple(job) for job in jobs} == typed
+    assert {job[0].removeprefix("pos=") for job in jobs} == {p.stem for p in (CONF / "pos").glob("*.yaml")}
+
+
+def sweep_dirs(overrides: list[str]) -> tuple[str, str]:
+    """hydra.sweep.dir and .subdir as a multirun resolves them (job num 7, overrides `seed=1`)."""
+    from blocklab.cli import main  # noqa: F401  registers the config's resolvers, as the Hydra app does
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    cfg.hydra.job.num, cfg.hydra.job.override_dirname = 7, "seed=1"
+    return cfg.hydra.sweep.dir, cfg.hydra.sweep.subdir
+
+
+def test_sweep_files_write_to_their_study_folder_and_other_multiruns_to_a_dated_one():
+    assert sweep_dirs(["sweep=pe_copy"]) == ("outputs/sweeps/pe_copy", "seed=1")
+    assert sweep_dirs(["sweep=causal_mask", "study.scale=4"]) == ("outputs/sweeps/causal_mask", "seed=1")
+    directory, subdir = sweep_dirs([])
+    assert directory.startswith("outputs/multirun/") and len(Path(directory).parts) == 4 and subdir == "7"
+    for path in SWEEPS.glob("*.yaml"):  # the layout is defined once, in config.yaml
+        assert "dir:" not in path.read_text(), path.name
 
 
 def sweep_cmd(sweep_dir: Path) -> list[str]:
