@@ -24,7 +24,7 @@ from blocklab.model.position import POSITION_SCHEMES, PositionScheme
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import read_results
 from blocklab.tasks import TASKS
-from conftest import CONF, FAST, compose_config, run_in_process
+from conftest import CONF, FAST, run_in_process
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "blocklab"
 

@@ -6,23 +6,17 @@ import torch
 import torch.nn.functional as F
 
 from blocklab.model import ModelConfig, Transformer
-from blocklab.model.config import AttnConfig, InitConfig, PosConfig
-from variants import SCHEMES, VARIANTS
+from blocklab.model.config import AttnConfig
+from variants import SCHEMES, VARIANTS, tiny_cfg, tiny_model
 
 V, D, H, DH = 20, 32, 4, 8
 
 
 def make_cfg(pos="rope", causal=True, n_layers=2, std=0.2, **attn):
-    cfg = ModelConfig(vocab_size=V, max_len=64, d_model=D, n_layers=n_layers, n_heads=H, pos=PosConfig(pos),
-                      attn=AttnConfig(causal=causal, **attn), init=InitConfig("normal", std))
-    assert cfg.errors() == []
-    return cfg
+    return tiny_cfg(pos, causal, n_layers, std, vocab_size=V, **attn)
 
 
-def make_model(pos="rope", causal=True, n_layers=2, seed=0, **attn):
-    cfg = make_cfg(pos, causal, n_layers, **attn)
-    torch.manual_seed(seed)
-    return Transformer(cfg).double().eval()
+make_model = tiny_model
 
 
 def tokens(shape, seed=1):

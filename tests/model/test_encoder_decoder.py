@@ -2,18 +2,13 @@
 import pytest
 import torch
 
-from blocklab.model import EncoderDecoder, ModelConfig
-from blocklab.model.config import AttnConfig, PosConfig
 from blocklab.model.generate import generate
-from variants import SCHEMES
+from variants import SCHEMES, tiny_model
 
 
 
 def make(pos="rope", **attn):
-    torch.manual_seed(0)
-    cfg = ModelConfig(arch="encoder_decoder", vocab_size=17, d_model=32, n_layers=2, n_heads=4, max_len=40,
-                      pos=PosConfig(pos), attn=AttnConfig(**attn))
-    return EncoderDecoder(cfg).double().eval()
+    return tiny_model(pos, arch="encoder_decoder", vocab_size=17, max_len=40, std=None, **attn)
 
 
 @pytest.mark.parametrize("pos", SCHEMES)

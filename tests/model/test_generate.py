@@ -3,20 +3,14 @@ and local attention's cache never holds more than the window."""
 import pytest
 import torch
 
-from blocklab.model import ModelConfig, Transformer
-from blocklab.model.config import AttnConfig, InitConfig, PosConfig
 from blocklab.model.generate import generate
-from variants import SCHEMES, VARIANTS
+from variants import SCHEMES, VARIANTS, tiny_model
 
 V = 20
 
 
 def make_model(pos="rope", seed=0, **attn):
-    cfg = ModelConfig(vocab_size=V, max_len=64, d_model=32, n_layers=2, n_heads=4, pos=PosConfig(pos),
-                      attn=AttnConfig(**attn), init=InitConfig("normal", 0.3), tie_embeddings=False)
-    assert cfg.errors() == []
-    torch.manual_seed(seed)
-    return Transformer(cfg).double().eval()
+    return tiny_model(pos, seed, vocab_size=V, std=0.3, tie_embeddings=False, **attn)
 
 
 def make_prompts(lengths=(3, 7, 5), seed=1):

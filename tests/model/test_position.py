@@ -5,18 +5,13 @@ import pytest
 import torch
 
 from blocklab.model import ModelConfig, Transformer
-from blocklab.model.config import AttnConfig, InitConfig, PosConfig
+from blocklab.model.config import PosConfig
 from blocklab.model.position import ALiBi, Learned, RoPE, Sinusoidal, T5Bias, alibi_slopes, t5_buckets
 
-from variants import SCHEMES  # noqa: E402  (every registered scheme)
+from variants import SCHEMES, tiny_model  # noqa: E402  (every registered scheme)
 
 
-def make_model(pos, causal=True, n_layers=2, seed=0, std=0.2, **attn):
-    cfg = ModelConfig(vocab_size=20, max_len=64, d_model=32, n_layers=n_layers, n_heads=4, pos=PosConfig(pos),
-                      attn=AttnConfig(causal=causal, **attn), init=InitConfig("normal", std))
-    assert cfg.errors() == []
-    torch.manual_seed(seed)
-    return Transformer(cfg).double().eval()
+make_model = tiny_model
 
 
 # ----------------------------------------------------------------------------------------- RoPE

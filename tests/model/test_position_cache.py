@@ -3,19 +3,14 @@ step); remembered results must be exactly what a fresh computation gives."""
 import pytest
 import torch
 
-from blocklab.model import ModelConfig, Transformer
-from blocklab.model.config import AttnConfig, InitConfig, PosConfig
 from blocklab.model.position import default_positions
 
-from variants import SCHEMES  # noqa: E402  (every registered scheme)
+from variants import SCHEMES, tiny_model  # noqa: E402  (every registered scheme)
 VARIANTS = {"mha": {}, "gqa": {"n_kv_heads": 2}, "mqa": {"n_kv_heads": 1}, "local": {"window": 3}}
 
 
 def make_model(pos, **attn):
-    cfg = ModelConfig(vocab_size=20, max_len=256, d_model=32, n_layers=2, n_heads=4, pos=PosConfig(pos),
-                      attn=AttnConfig(**attn), init=InitConfig("normal", 0.2))
-    torch.manual_seed(0)
-    return Transformer(cfg).double().eval()
+    return tiny_model(pos, max_len=256, **attn)
 
 
 def fresh(model, idx, **kw):
