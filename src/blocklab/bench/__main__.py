@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from blocklab.bench.suites import BENCHMARKS, ROOT
+from blocklab.bench.suites import BENCHMARKS
 
 
 def main(argv=None) -> int:
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
         results["benchmarks"][name] = result
         console.print(_table(name, result))
         console.print(_targets(name, result["targets"]))
-    out = args.out or ROOT / "outputs" / "bench" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = args.out or Path("outputs") / "bench" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     console.print(f"wrote {out}")

@@ -1,33 +1,82 @@
 """What every benchmark shares: the baby config, interleaved timing, a nanoGPT reference, FLOPs.
 
-Timings on a shared 2-core machine are only comparable side by side: every comparison here runs
-its variants interleaved in one process, several rounds, and keeps each variant's best round."""
+Timings on a shared machine are only comparable side by side (other processes' load drifts within
+minutes; `python -m blocklab.bench overhead` shows by how much): every comparison here runs its
+variants interleaved in one process, several rounds, and keeps each variant's best round."""
+import functools
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch import nn
 
+from blocklab.cli import CONF_DIR
 from blocklab.model import ModelConfig, build_model
-from blocklab.model.config import ActConfig, AttnConfig, InitConfig, NormConfig, PosConfig
 
-# nanoGPT's CPU "baby GPT" (conf/experiment/nanogpt_baby.yaml): 4 layers, 4 heads, d_model 128, block 64, batch 12.
-BABY = dict(vocab=65, d_model=128, n_layers=4, n_heads=4, d_ff=512, block=64, batch=12)
-ATTN_VARIANTS = {"mha": {}, "gqa": {"n_kv_heads": 2}, "mqa": {"n_kv_heads": 1}, "local": {"window": 16}}
-
-
-def baby_config(pos: str = "learned", attn: str = "mha", act: str = "gelu", max_len: int | None = None,
-                **sizes) -> ModelConfig:
-    size = {**BABY, **sizes}
-    return ModelConfig(vocab_size=size["vocab"], d_model=size["d_model"], n_layers=size["n_layers"],
-                       n_heads=size["n_heads"], d_ff=size["d_ff"], bias=False, max_len=max_len or size["block"],
-                       norm=NormConfig("layernorm", "pre"), pos=PosConfig(pos), attn=AttnConfig(**ATTN_VARIANTS[attn]),
-                       act=ActConfig(act), init=InitConfig("gpt2", 0.02))
+# nanoGPT's CPU "baby GPT" is conf/experiment/nanogpt_baby.yaml (4 layers, 4 heads, d_model 128, block 64,
+# batch 12, its optimizer and schedule); the benchmarks compose it as a run does and change one choice at a time.
+EXPERIMENT = "nanogpt_baby"
+# Its vocabulary: nanoGPT's 65 characters of tinyshakespeare (a run's char tokenizer sizes its own from the data).
+VOCAB = 65
 
 
-OPTIM = {"lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1, "warmup_steps": 100, "min_lr": 1e-4}
+@functools.lru_cache(maxsize=None)
+def baby_composed(*overrides: str):
+    """The nanogpt_baby experiment with `overrides` (`pos=rope`, `model.n_layers=1`), composed with Hydra's
+    compose API from the packaged config; the hydra node is kept for its group choices."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"experiment={EXPERIMENT}", "run_dir=unused", *overrides],
+                      return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    del cfg.hydra
+    return OmegaConf.to_container(cfg, resolve=True), choices
+
+
+def baby_choice(group: str) -> str:
+    """The experiment's own option in a group (pos: learned, attn: mha, act: gelu)."""
+    return baby_composed()[1][group]
+
+
+@functools.lru_cache(maxsize=None)
+def baby() -> dict:
+    """The baby's sizes, read from the experiment: vocab d_model n_layers n_heads d_ff block batch."""
+    groups = baby_composed()[0]
+    model, task = groups["model"], groups["task"]
+    return dict(vocab=VOCAB, d_model=model["d_model"], n_layers=model["n_layers"], n_heads=model["n_heads"],
+                d_ff=model["d_ff"], block=task["block_size"], batch=task["batch_size"])
+
+
+def baby_optim() -> dict:
+    """The experiment's optimizer group (lr betas weight_decay warmup_steps min_lr), a copy."""
+    return dict(baby_composed()[0]["optim"])
+
+
+def baby_total_steps() -> int:
+    """The steps the experiment trains for, where its cosine schedule reaches min_lr (trainer.max_steps)."""
+    return baby_composed()[0]["trainer"]["max_steps"]
+
+
+def attn_presets() -> list[str]:
+    """The attention presets: the files of the conf/attn group (mha gqa mqa local ...)."""
+    return sorted(path.stem for path in (CONF_DIR / "attn").glob("*.yaml"))
+
+
+MODEL_SIZES = ("d_model", "n_layers", "n_heads", "d_ff")
+
+
+def baby_config(pos: str | None = None, attn: str | None = None, act: str | None = None,
+                max_len: int | None = None, **sizes) -> ModelConfig:
+    """The baby's model config with one group option changed (None: the experiment's own) and sizes
+    (d_model n_layers n_heads d_ff; block sizes the positions unless max_len is given)."""
+    picked = [f"{group}={option}" for group, option in (("pos", pos), ("attn", attn), ("act", act)) if option]
+    resized = [f"model.{key}={sizes[key]}" for key in MODEL_SIZES if key in sizes]
+    groups = baby_composed(*picked, *resized)[0]
+    return ModelConfig.from_groups(groups, vocab_size=VOCAB, max_len=max_len or sizes.get("block", baby()["block"]))
 
 
 def batches(n: int, batch: int, block: int, vocab: int, seed: int = 0) -> list[dict]:
@@ -131,11 +180,12 @@ def nanogpt_step(batch_list: list[dict]):
     """nanoGPT's train.py inner loop on CPU: forward, backward, clip 1.0, AdamW (foreach; nanoGPT fuses
     only on CUDA), zero_grad(set_to_none) -- the loss is read only at log intervals."""
     torch.manual_seed(0)
-    model = NanoGPT(BABY["vocab"], BABY["d_model"], BABY["n_layers"], BABY["n_heads"], BABY["block"])
+    size, optim = baby(), baby_optim()
+    model = NanoGPT(size["vocab"], size["d_model"], size["n_layers"], size["n_heads"], size["block"])
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": optim["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=optim["lr"], betas=tuple(optim["betas"]))
     state = {"i": 0}
 
     def step():
@@ -171,8 +221,11 @@ class PlainLoop:
     def __post_init__(self):
         from blocklab.train.module import build_optimizer, lr_factor
 
-        self.opt = build_optimizer(self.model, OPTIM)
-        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, OPTIM["warmup_steps"], 2000, 0.1))
+        optim = baby_optim()
+        self.opt = build_optimizer(self.model, optim)
+        min_ratio = optim["min_lr"] / optim["lr"]
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, optim["warmup_steps"], baby_total_steps(), min_ratio))
 
     def __call__(self):
         from blocklab.tasks.base import IGNORE

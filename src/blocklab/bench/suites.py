@@ -14,22 +14,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from blocklab.bench.common import (ATTN_VARIANTS, BABY, PlainLoop, baby_config, batches, interleaved,
-                                   matmul_peak_gflops, nanogpt_step, train_flops, verdict)
+from blocklab.bench.common import (PlainLoop, attn_presets, baby, baby_choice, baby_config, baby_optim, batches,
+                                   interleaved, matmul_peak_gflops, nanogpt_step, train_flops, verdict)
 from blocklab.model import build_model
 from blocklab.model.ffn import ACTIVATIONS, FFN
 from blocklab.model.generate import generate
+from blocklab.model.position import POSITION_SCHEMES
 
-POS_SCHEMES = ["none", "learned", "sinusoidal", "rope", "alibi", "t5_bias"]
 PEAK_DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}  # the matmuls each precision runs
-ROOT = Path(__file__).resolve().parents[3]  # the repository (train.py, conf/)
 
 
 def _sizes(size: str) -> dict:
     if size == "tiny":
         return dict(rounds=1, iters=1, n_layers=1, batch=2, block=16, d_model=32, d_ff=64)
-    return dict(rounds=10, iters=4, n_layers=BABY["n_layers"], batch=BABY["batch"], block=BABY["block"],
-                d_model=BABY["d_model"], d_ff=BABY["d_ff"])
+    size = baby()
+    return dict(rounds=10, iters=4, n_layers=size["n_layers"], batch=size["batch"], block=size["block"],
+                d_model=size["d_model"], d_ff=size["d_ff"])
 
 
 def _model_sizes(s: dict) -> dict:
@@ -39,14 +39,16 @@ def _model_sizes(s: dict) -> dict:
 # ---------------------------------------------------------------------------------------- step
 
 def step(size: str = "full") -> dict:
-    """ms per training step for each pos scheme, attention variant and activation (one changed at a
-    time from nanoGPT's learned/mha/gelu), and for the baby model under bf16-mixed precision, next to
-    nanoGPT's model and loop (float32, as nanoGPT runs on CPU), all interleaved."""
+    """ms per training step for each pos scheme, attention preset and activation (one changed at a
+    time from nanoGPT's learned/mha/gelu: every registered scheme and activation, every conf/attn file),
+    and for the baby model under bf16-mixed precision, next to nanoGPT's model and loop (float32, as
+    nanoGPT runs on CPU), all interleaved."""
     s = _sizes(size)
-    data = batches(8, s["batch"], s["block"], BABY["vocab"])
-    variants = {("pos", p): baby_config(pos=p, **_model_sizes(s)) for p in POS_SCHEMES}
-    variants.update({("attn", a): baby_config(attn=a, **_model_sizes(s)) for a in ATTN_VARIANTS if a != "mha"})
-    variants.update({("act", a): baby_config(act=a, **_model_sizes(s)) for a in ACTIVATIONS if a != "gelu"})
+    data = batches(8, s["batch"], s["block"], baby()["vocab"])
+    variants = {("pos", p): baby_config(pos=p, **_model_sizes(s)) for p in POSITION_SCHEMES}
+    variants.update({("attn", a): baby_config(attn=a, **_model_sizes(s))
+                     for a in attn_presets() if a != baby_choice("attn")})
+    variants.update({("act", a): baby_config(act=a, **_model_sizes(s)) for a in ACTIVATIONS if a != baby_choice("act")})
     bf16 = ("precision", "bf16-mixed")
     variants[bf16] = baby_config(**_model_sizes(s))
     precision = {key: key[1] if key == bf16 else "32-true" for key in variants}
@@ -77,12 +79,12 @@ def step(size: str = "full") -> dict:
         out["nanogpt_ms"] = round(ref, 2)
         for row in rows:
             row["vs_nanogpt"] = round(row["ms"] / ref, 3)
-        baby = ("pos", "learned")
-        targets["baby_vs_nanogpt"] = verdict(times[baby]["ms"] / ref, 0.90)
+        base = ("pos", baby_choice("pos"))  # the baby itself
+        targets["baby_vs_nanogpt"] = verdict(times[base]["ms"] / ref, 0.90)
         targets["baby_bf16_vs_nanogpt"] = verdict(times[bf16]["ms"] / ref, 0.90)
         # nanoGPT does the same matmuls (fused QKV, tied head), so the same FLOPs per step.
-        out["nanogpt_peak_fraction"] = round(flops[baby] / (ref / 1000) / 1e9 / peak["32-true"], 3)
-        targets["baby_peak_fraction"] = verdict(flops[baby] / (times[baby]["ms"] / 1000) / 1e9 / peak["32-true"], 0.55,
+        out["nanogpt_peak_fraction"] = round(flops[base] / (ref / 1000) / 1e9 / peak["32-true"], 3)
+        targets["baby_peak_fraction"] = verdict(flops[base] / (times[base]["ms"] / 1000) / 1e9 / peak["32-true"], 0.55,
                                                 lower_is_better=False)
     return out
 
@@ -92,14 +94,14 @@ def step(size: str = "full") -> dict:
 def overhead(size: str = "full") -> dict:
     """The same model, data and optimizer: BlockLab's LightningModule under a Lightning Trainer (with
     the callbacks a run uses) vs the plain loop. Between two Lightning steps a callback runs one plain
-    step, so every Lightning step is paired with one taken moments apart: this machine's load drifts
-    by 20% within minutes, which swamps a few percent between separate runs. Figures are medians over
-    the pairs; the ratio, the median of the per-step ratios. nanoGPT is compared through the plain loop
-    (interleaved in blocks): a bfloat16 step right after a float32 one runs ~7% slower."""
+    step, so every Lightning step is paired with one taken moments apart: a shared machine's load
+    drifts within minutes by more than the few percent measured here, which would swamp it between
+    separate runs. Figures are medians over the pairs; the ratio, the median of the per-step ratios.
+    nanoGPT is compared through the plain loop (interleaved in blocks): a bfloat16 step right after a
+    float32 one runs slower than in a run of its own."""
     import lightning as L
     from lightning.pytorch.callbacks import Callback
 
-    from blocklab.bench.common import OPTIM
     from blocklab.train.callbacks import DivergenceGuard, StepProgressBar
     from blocklab.train.module import LitTransformer
     from blocklab.train.run import step_callbacks
@@ -108,7 +110,7 @@ def overhead(size: str = "full") -> dict:
     s = _sizes(size)
     steps, skip = (4, 1) if size == "tiny" else (110, 10)
     cfg = baby_config(**_model_sizes(s))
-    data = batches(8, s["batch"], s["block"], BABY["vocab"])
+    data = batches(8, s["batch"], s["block"], baby()["vocab"])
 
     class Paired(Callback):
         """Before each Lightning step, one plain step: ms of each (a Lightning step runs from this
@@ -131,7 +133,7 @@ def overhead(size: str = "full") -> dict:
         torch.manual_seed(0)
         paired = Paired(PlainLoop(build_model(cfg), data, precision))
         torch.manual_seed(0)
-        lit = LitTransformer(cfg, {**OPTIM}, [])
+        lit = LitTransformer(cfg, baby_optim(), [])
         devnull = open(os.devnull, "w")
         with tempfile.TemporaryDirectory() as run_dir:
             bar = StepProgressBar(console_kwargs={"file": devnull})
@@ -178,8 +180,9 @@ class _Cycle(torch.utils.data.IterableDataset):
 
 # ------------------------------------------------------------------------------------- startup
 
-# Run train.py unchanged, with a global optimizer hook that prints a timestamp at each job's first
-# (and last) optimizer step. Nothing in BlockLab is patched.
+# Run `python -m blocklab.train` unchanged (the installed package: no checkout needed), with a global
+# optimizer hook that prints a timestamp at each job's first (and last) optimizer step. Nothing in
+# BlockLab is patched.
 _PROBE = """
 import runpy, sys, time
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -191,23 +194,23 @@ def hook(opt, args, kwargs):
     seen[id(opt)] = now
     print(f"BENCH step {now}", flush=True)
 register_optimizer_step_post_hook(hook)
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
+runpy.run_module("blocklab.train", run_name="__main__", alter_sys=True)
 """
 
 
 def startup(size: str = "full") -> dict:
-    """Wall time from launching `python train.py trainer=debug logger=none` to its first optimizer
+    """Wall time from launching `python -m blocklab.train trainer=debug logger=none` (what `python
+    train.py` runs) to its first optimizer
     step; and in a 3-job multirun, between one job and the next: from its last training step (the
     gap, which includes the job's own evaluation) and from its results.json being written (the
     overhead: checkpoint, teardown and the next job's setup) to the next job's first step."""
     steps = 2 if size == "tiny" else 20
     with tempfile.TemporaryDirectory() as tmp:
         common = [f"trainer.max_steps={steps}", "trainer=debug", "logger=none", "task.eval_examples=16"]
-        single = _probe_run([f"hydra.run.dir={tmp}/single", *common])
+        single = _probe_run([f"hydra.run.dir={tmp}/single", *common], tmp)
         jobs = 2 if size == "tiny" else 3
         seeds = ",".join(str(i) for i in range(jobs))
-        multi = _probe_run(["-m", f"hydra.sweep.dir={tmp}/multi", f"seed={seeds}", *common])
+        multi = _probe_run(["-m", f"hydra.sweep.dir={tmp}/multi", f"seed={seeds}", *common], tmp)
         written = sorted(p.stat().st_mtime - multi["start"] for p in Path(tmp, "multi").glob("*/results.json"))
     first = single["first"][0]
     following = range(1, len(multi["first"]))
@@ -226,13 +229,13 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _probe_run(args: list[str]) -> dict:
+def _probe_run(args: list[str], cwd: str) -> dict:
     start = time.time()
-    proc = subprocess.run([sys.executable, "-c", _PROBE, str(ROOT / "train.py"), *args], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=cwd,
                           capture_output=True, text=True, env={**os.environ, "WANDB_SILENT": "true"})
     total = time.time() - start
     if proc.returncode != 0:
-        raise RuntimeError(f"train.py failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"python -m blocklab.train failed:\n{proc.stderr[-2000:]}")
     first, last_before, previous = [], [], start
     for line in proc.stdout.splitlines():
         if line.startswith("BENCH "):
@@ -267,15 +270,16 @@ def _peak_bytes(fn) -> int | None:
 def attention(size: str = "full") -> dict:
     """Forward + backward of one attention layer (baby width, batch 1) vs sequence length: SDPA vs the
     explicit softmax path, and the position schemes that act inside attention (RoPE, ALiBi, T5 bias)."""
-    from blocklab.model.attention import Attention, self_attention_context
+    from blocklab.model.attention import build_attention
+    from blocklab.model.mask import self_attention_context
     from blocklab.model.position import build_position
 
     lengths = [16, 32] if size == "tiny" else [64, 256, 1024, 4096]
-    d, h = (32, 4) if size == "tiny" else (BABY["d_model"], BABY["n_heads"])
+    d, h = (32, 4) if size == "tiny" else (baby()["d_model"], baby()["n_heads"])
     rows = []
     for length in lengths:
         torch.manual_seed(0)
-        attn = Attention(d, h, bias=False)
+        attn = build_attention(baby_config(d_model=d, n_heads=h))  # the baby's attention (mha), one layer
         x = torch.randn(1, length, d, requires_grad=True)
         idx = torch.zeros(1, length, dtype=torch.long)
         fns = {}
@@ -319,7 +323,7 @@ def decode(size: str = "full") -> dict:
     rows, targets = [], {}
     g = torch.Generator().manual_seed(0)
     for batch in (1, 2) if size == "tiny" else (1, 8):
-        prompts = [torch.randint(0, BABY["vocab"], (prompt_len,), generator=g) for _ in range(batch)]
+        prompts = [torch.randint(0, baby()["vocab"], (prompt_len,), generator=g) for _ in range(batch)]
         for attn in ("mha", "gqa", "mqa"):
             torch.manual_seed(0)
             cfg = baby_config(attn=attn, max_len=prompt_len + new, **{**_model_sizes(s), "block": s["block"]})
@@ -328,7 +332,8 @@ def decode(size: str = "full") -> dict:
             model.new_cache = lambda make=model.new_cache: caches.append(make()) or caches[-1]  # keep it to weigh it
             fns = {mode: (lambda use=mode == "cached": generate(model, prompts, new, use_cache=use))
                    for mode in ("cached", "recompute")}
-            # One sequence takes <1 s a round, so more rounds: best-of-5 steadies the ratio on a noisy machine.
+            # One sequence is a short round (the `ms` column of `python -m blocklab.bench decode`), so more
+            # rounds: best-of-5 steadies the ratio on a noisy machine.
             rounds = 1 if size == "tiny" else (5 if batch == 1 else 3)
             times = interleaved(fns, rounds, 1, warmup=1)
             for mode in fns:
