@@ -3,6 +3,9 @@ the end, logged to the experiment logger and written to the run directory. They 
 without touching the random state or leaving gradients behind, so the training is unchanged."""
 import json
 from pathlib import Path
+from typing import Callable
+
+import torch
 
 from lightning.pytorch.callbacks import Callback
 
@@ -25,9 +28,18 @@ class Diagnostics(Callback):
         self.history: list[dict] = []
         self._grads_at_step: list[dict] | None = None
 
-    def _measure(self, trainer, model, tag: str, step: int, gradients: list[dict], maps: bool) -> None:
-        stats = forward_stats(model, self.probe, self.sparsity_eps, keep_weights=maps)
-        stats["gradients"] = gradients
+    def _measure(self, trainer, model, tag: str, step: int, gradients: Callable[[], list[dict]], maps: bool) -> None:
+        """Measure, or record why not: a diverged model has nothing finite to measure, and no measurement
+        may end the run (the divergence guard records the divergence itself)."""
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            self._skip(trainer, tag, step, "the weights are not finite (the run diverged)")
+            return
+        try:
+            stats = forward_stats(model, self.probe, self.sparsity_eps, keep_weights=maps)
+            stats["gradients"] = gradients()
+        except (RuntimeError, ValueError) as err:  # e.g. an SVD of activations that overflowed
+            self._skip(trainer, tag, step, f"{type(err).__name__}: {str(err).splitlines()[0]}")
+            return
         maps = maps and trainer.is_global_zero  # one writer of files under DDP
         stats = write_measurement(stats, self.out_dir, tag, maps)
         self.history.append({"tag": tag, "step": step, **stats})
@@ -36,6 +48,13 @@ class Diagnostics(Callback):
             if maps and hasattr(logger, "log_image"):
                 logger.log_image(key=f"diag/attention_{tag}", images=[str(self.out_dir.parent / p)
                                                                       for p in stats["attention_maps"]], step=step)
+        self._save(trainer)
+
+    def _skip(self, trainer, tag: str, step: int, reason: str) -> None:
+        self.history.append({"tag": tag, "step": step, "layers": None, "skipped": reason})
+        self._save(trainer)
+
+    def _save(self, trainer) -> None:
         if trainer.is_global_zero:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "history.json").write_text(json.dumps(self.history) + "\n")
@@ -50,7 +69,8 @@ class Diagnostics(Callback):
         if self.history:  # resumed: init was measured before the interruption
             return
         model = pl_module.model
-        self._measure(trainer, model, "init", 0, probe_gradients(model, self.probe), self.attention_maps != "none")
+        self._measure(trainer, model, "init", 0, lambda: probe_gradients(model, self.probe),
+                      self.attention_maps != "none")
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         step = trainer.global_step
@@ -60,13 +80,13 @@ class Diagnostics(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self._grads_at_step is not None:
             step = trainer.global_step - 1  # the step whose gradients were recorded
-            self._measure(trainer, pl_module.model, f"step{step}", step, self._grads_at_step,
-                          self.attention_maps == "all")
+            grads = self._grads_at_step
+            self._measure(trainer, pl_module.model, f"step{step}", step, lambda: grads, self.attention_maps == "all")
             self._grads_at_step = None
 
     def on_fit_end(self, trainer, pl_module):
         model = pl_module.model
-        self._measure(trainer, model, "end", trainer.global_step, probe_gradients(model, self.probe),
+        self._measure(trainer, model, "end", trainer.global_step, lambda: probe_gradients(model, self.probe),
                       self.attention_maps != "none")
 
     def summary(self) -> dict:

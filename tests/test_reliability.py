@@ -1,0 +1,31 @@
+"""Failure paths a new user meets (issue 21): every failure recorded, never a traceback for a measurement."""
+import json
+
+import pytest
+
+from blocklab.results import read_results
+from conftest import run_in_process
+
+DIVERGING = ["norm=none", "model.n_layers=8", "optim.lr=10", "optim.warmup_steps=0", "trainer.gradient_clip_val=null",
+             "trainer.max_steps=200"]
+
+
+@pytest.mark.parametrize("diagnostics", ["none", "basic", "full"])
+def test_divergence_is_recorded_under_every_diagnostics_setting(diagnostics, run_dir):
+    run_in_process(["logger=none", "task.eval_examples=16", f"diagnostics={diagnostics}", *DIVERGING], run_dir)
+    results = read_results(run_dir)
+    assert results["status"] == "diverged" and results["diverged_at_step"] < 200
+    if diagnostics != "none":
+        end = results["diagnostics"]["end"]
+        assert end["layers"] is None and "not finite" in end["skipped"]
+        history = json.loads((run_dir / "diagnostics" / "history.json").read_text())
+        assert history[0]["tag"] == "init" and history[0]["layers"]  # measured while the weights were finite
+
+
+def test_a_measurement_that_cannot_be_taken_is_recorded_not_raised(run_dir):
+    """Weights so large that activations overflow at init: the probe's SVD cannot run on them."""
+    run_in_process(["logger=none", "task.eval_examples=16", "init.std=1e30", "trainer=debug"], run_dir)
+    results = read_results(run_dir)
+    assert results["status"] in ("completed", "diverged")
+    init = results["diagnostics"]["init"]
+    assert init["layers"] is None and init["skipped"]
