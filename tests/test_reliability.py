@@ -29,3 +29,19 @@ def test_a_measurement_that_cannot_be_taken_is_recorded_not_raised(run_dir):
     assert results["status"] in ("completed", "diverged")
     init = results["diagnostics"]["init"]
     assert init["layers"] is None and init["skipped"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("norm.eps=-1", "norm.eps=-1 must be a positive number (it keeps the norm's division finite)"),
+    ("+model.foo=1", "model.foo is not a key of model; its keys are "),
+    ("+model.dmodel=64", "model.dmodel is not a key of model; did you mean model.d_model? its keys are "),
+    ("+norm.epsilon=1", "norm.epsilon is not a key of norm; did you mean norm.eps? its keys are "),
+])
+def test_bad_model_keys_are_one_line_errors_before_any_work(override, message, run_dir):
+    from blocklab.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        run_in_process(["logger=none", override], run_dir)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message)
+    assert not run_dir.exists()

@@ -2,15 +2,19 @@
 
 Validation lives here, once: `ModelConfig.errors()` lists every problem as one line that names
 the offending key and the fix, before anything is built or written."""
+import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from blocklab.errors import ConfigError
 from blocklab.model.attention import ATTENTION_KINDS
 from blocklab.model.ffn import ACTIVATIONS
 from blocklab.model.init import INIT_SCHEMES
 from blocklab.model.norm import NORM_TYPES, PLACEMENTS, norm_name
 from blocklab.model.position import POSITION_SCHEMES
 from blocklab.model.transformer import ARCHITECTURES
+
+SUBGROUPS = ("norm", "pos", "attn", "act", "init")  # ModelConfig fields filled from their own yaml groups
 
 
 @dataclass
@@ -101,7 +105,13 @@ class ModelConfig:
 
     @classmethod
     def from_groups(cls, groups: dict, vocab_size: int, max_len: int) -> "ModelConfig":
-        """Build from the plain dicts of the yaml groups: model, norm, pos, attn, act, init."""
+        """Build from the plain dicts of the yaml groups: model, norm, pos, attn, act, init. Keys no field
+        takes are a ConfigError naming the closest field (pos and attn pass theirs to the variant)."""
+        unknown = [line for group, part in (("model", cls), ("norm", NormConfig), ("act", ActConfig),
+                                            ("init", InitConfig))
+                   for line in unknown_keys(groups[group], part, group, exclude={"vocab_size", "max_len"})]
+        if unknown:
+            raise ConfigError("\n".join(unknown))
         model = dict(groups["model"])
         pos = dict(groups["pos"])
         attn_fields = {f.name for f in fields(AttnConfig)} - {"options"}
@@ -145,6 +155,8 @@ class ModelConfig:
                         f"use one of {divisors}")
         if not 0 <= self.dropout < 1:
             errs.append(f"model.dropout={self.dropout} must be in [0, 1)")
+        if not (isinstance(self.norm.eps, (int, float)) and not isinstance(self.norm.eps, bool) and self.norm.eps > 0):
+            errs.append(f"norm.eps={self.norm.eps!r} must be a positive number (it keeps the norm's division finite)")
         for registry, name in ((ARCHITECTURES, self.arch), (NORM_TYPES, self.norm.type),
                                (PLACEMENTS, self.norm.placement), (ACTIVATIONS, self.act.name),
                                (INIT_SCHEMES, self.init.name)):
@@ -178,3 +190,14 @@ class ModelConfig:
             return errs  # the scheme's own checks compute with its options and the head size
         options = {**POSITION_SCHEMES.options(self.pos.name), **self.position_options()}
         return POSITION_SCHEMES[self.pos.name].errors(self, options)
+
+
+def unknown_keys(values: dict, part: type, group: str, exclude: set[str] = frozenset()) -> list[str]:
+    """One line per key of `values` that the dataclass `part` has no field for, with the closest field."""
+    known = [f.name for f in fields(part) if f.name not in exclude and f.name not in SUBGROUPS]
+    lines = []
+    for key in sorted(set(values) - set(known)):
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {group}.{close[0]}? " if close else ""
+        lines.append(f"{group}.{key} is not a key of {group}; {hint}its keys are {sorted(known)}")
+    return lines
