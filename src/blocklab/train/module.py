@@ -25,7 +25,8 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 def build_optimizer(model: torch.nn.Module, optim: dict) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices and embeddings only. The fused kernel does the same update
-    as the default per-tensor loop in one pass over all parameters (~2-3x faster step on CPU)."""
+    as the default per-tensor loop in one pass over all parameters, which shortens a small model's CPU
+    step markedly (`python -m blocklab.bench step` times the step)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
@@ -72,8 +73,9 @@ class LitTransformer(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self.batch_loss(batch)
-        # Lightning hands metrics to the logger only every log_every_n_steps, and self.log costs ~1 ms
-        # (3% of a small step); so log exactly when it would be written (and always a blown-up loss).
+        # Lightning hands metrics to the logger only every log_every_n_steps, and self.log costs a
+        # noticeable part of a small step (`python -m blocklab.bench overhead` times what Lightning
+        # adds); so log exactly when it would be written (and always a blown-up loss).
         if self.trainer._logger_connector.should_update_logs or not torch.isfinite(loss):
             self.log("train/loss", loss, prog_bar=True)
         return loss
