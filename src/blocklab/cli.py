@@ -5,20 +5,12 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from blocklab.errors import ConfigError
 
 # The config groups, wherever the package is installed (for Hydra's compose API: analyze, bench, tests).
 CONF_DIR = Path(__file__).resolve().parent / "conf"
-
-
-def _if_study(with_study: str, without: str, *, _root_: DictConfig) -> str:
-    """`${if_study:A,B}`: A when a sweep file set `study` (its name), else B (conf/config.yaml's hydra.sweep)."""
-    return with_study if OmegaConf.select(_root_, "study.name", default=None) is not None else without
-
-
-OmegaConf.register_new_resolver("if_study", _if_study, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
