@@ -28,15 +28,14 @@ def test_issue_groups_have_every_option():
 @pytest.mark.parametrize("group, option", [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes_and_validates(group, option, tmp_path):
     cfg = compose_config([f"{group}={option}"], tmp_path / "run")
-    groups, task, model_cfg, run_dir, _ = prepare(cfg)
-    assert model_cfg.errors() == []
+    assert prepare(cfg).model_cfg.errors() == []
 
 
 def test_choices_are_named_by_what_the_model_computes(tmp_path):
-    from blocklab.train.run import choices
+    from blocklab.train.outcome import choices
 
     cfg = compose_config(["norm.type=rmsnorm", "norm.placement=sandwich", "attn=mha", "attn.n_kv_heads=1"], tmp_path)
-    _, _, model_cfg, _, _ = prepare(cfg)
+    model_cfg = prepare(cfg).model_cfg
     picked = choices(model_cfg, 0)
     assert picked["norm"] == "sandwich_rmsnorm" and picked["attn"] == "mqa"
     assert model_cfg.norm.type == "rmsnorm" and model_cfg.norm.placement == "sandwich"
@@ -91,8 +90,8 @@ def test_bad_config_raises_one_line_naming_the_key(overrides, message, tmp_path)
 def test_learned_positions_must_cover_evaluated_lengths(tmp_path):
     with pytest.raises(ConfigError, match=r"pos.max_len=20 is shorter than the longest sequence"):
         prepare(compose_config(["pos=learned", "pos.max_len=20"], tmp_path / "run"))
-    _, task, model_cfg, _, _ = prepare(compose_config(["pos=learned"], tmp_path / "run"))
-    assert model_cfg.position_options()["max_len"] == task.max_seq_len
+    setup = prepare(compose_config(["pos=learned"], tmp_path / "run"))
+    assert setup.model_cfg.position_options()["max_len"] == setup.task.max_seq_len
 
 
 def test_cli_bad_config_exits_nonzero_with_one_line_and_writes_nothing(tmp_path):

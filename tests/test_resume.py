@@ -52,7 +52,7 @@ def unfinished_run(tmp_path):
 
 
 def test_resume_is_picked_up_from_the_checkpoint(unfinished_run):
-    *_, start_step = prepare(compose_config(FAST, unfinished_run))
+    start_step = prepare(compose_config(FAST, unfinished_run)).start_step
     assert start_step == 20
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from blocklab.errors import ConfigError
-from blocklab.tasks import build_task
-from blocklab.tasks.base import IGNORE, collate, default_eval_lengths
+from blocklab.tasks import TASKS, Task, build_task, task_errors
+from blocklab.tasks.base import IGNORE, SequenceTask, collate, default_eval_lengths
 
 COMMON = dict(min_len=2, max_len=6, eval_lengths=None, batch_size=8, eval_examples=10, eval_seed=7)
 
@@ -103,3 +103,60 @@ def test_max_seq_len_covers_longest_eval_sequence():
 def test_bad_task_config_names_the_key(bad, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[")):
         copy_task(**bad)
+
+
+def test_a_task_missing_part_of_the_interface_cannot_be_built():
+    class OnlySampling(SequenceTask):  # no max_prompt_len, max_answer_len
+        def sample(self, rng, length):
+            return None
+
+    with pytest.raises(TypeError, match="max_answer_len"):
+        OnlySampling(["a"], min_len=1, max_len=2, eval_lengths=None, batch_size=1, eval_examples=1, eval_seed=0, seed=0)
+
+    class Incomplete(Task):
+        errors = classmethod(lambda cls, cfg: [])
+
+    with pytest.raises(TypeError, match="evaluate"):
+        Incomplete()
+
+
+def test_every_registered_task_implements_the_interface():
+    assert list(TASKS) == ["copy", "addition", "lm"]
+    for name in TASKS:
+        assert issubclass(TASKS[name], Task) and not TASKS[name].__abstractmethods__
+    assert copy_task().name == "copy" and addition_task().name == "addition"
+
+
+def test_unknown_task_names_the_choices():
+    assert task_errors({"name": "cpy"}) == ["task.name='cpy' is unknown; did you mean 'copy'? "
+                                            "use one of ['copy', 'addition', 'lm']"]
+
+
+def test_seq2seq_support_is_read_from_the_task_class(tmp_path):
+    from conftest import compose_config
+
+    from blocklab.experiment import Setup
+
+    with pytest.raises(ConfigError) as err:
+        Setup.from_config(compose_config(["model.arch=encoder_decoder", "task=lm"], tmp_path))
+    assert str(err.value) == ("model.arch=encoder_decoder needs a source/target task (copy, addition), "
+                              "not task=lm; use model.arch=decoder")
+
+    @TASKS.register("copy_as_seq2seq")
+    class Seq2SeqCopy(TASKS["copy"]):
+        pass
+
+    @TASKS.register("copy_decoder_only")
+    class DecoderOnlyCopy(TASKS["copy"]):
+        supports_seq2seq = False
+
+    try:
+        cfg = {"alphabet": "abc", **COMMON}
+        assert build_task({"name": "copy_as_seq2seq", **cfg}, 0, seq2seq=True).seq2seq
+        assert task_errors({"name": "copy_decoder_only", **cfg}, seq2seq=True) == [
+            "model.arch=encoder_decoder needs a source/target task (copy, addition, copy_as_seq2seq), "
+            "not task=copy_decoder_only; use model.arch=decoder"]
+        assert task_errors({"name": "copy_decoder_only", **cfg}, seq2seq=False) == []
+    finally:
+        TASKS.unregister("copy_as_seq2seq")
+        TASKS.unregister("copy_decoder_only")

@@ -132,7 +132,7 @@ def test_wandb_offline_run_holds_config_and_metrics(tmp_path):
 
 
 def test_wandb_online_without_network_falls_back_to_offline(run_dir, monkeypatch, capsys):
-    monkeypatch.setattr("blocklab.train.run.reachable", lambda host, timeout=3.0: False)
+    monkeypatch.setattr("blocklab.train.loggers.reachable", lambda host, timeout=3.0: False)
     started = time.time()
     run_in_process([*FAST, "logger=wandb", "logger.mode=online"], run_dir)
     assert time.time() - started < 120  # never waits on the network
@@ -218,3 +218,25 @@ def test_gradient_clipping_bounds_the_update_in_every_precision(precision):
     assert len(norms["at_step"]) == 3
     assert all(before > 2 * clip for before in norms["before_clip"])  # clipping had work to do
     assert all(after == pytest.approx(clip, rel=1e-4) for after in norms["at_step"])
+
+
+def test_a_run_dir_gives_back_the_setup_it_trained_and_generation_uses_it(run_dir):
+    from blocklab.experiment import Setup
+    from conftest import ROOT, compose_config
+
+    run_in_process(FAST, run_dir)
+    trained = Setup.from_config(compose_config(FAST, run_dir))
+    saved = Setup.from_run_dir(run_dir, with_task=True)
+    assert saved.model_cfg == trained.model_cfg and saved.groups == trained.groups
+    assert saved.task.name == "copy" and Setup.from_run_dir(run_dir).task is None  # generation reads no data
+
+    def generate(*args):
+        return subprocess.run([sys.executable, "-m", "blocklab.generate", str(run_dir), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+
+    proc = generate("--prompt", "abc<sep>", "--max-new-tokens", "4", "--temperature", "0")
+    assert proc.returncode == 0 and proc.stdout.startswith("abc<sep>"), proc.stderr[-2000:]
+    (run_dir / "model.json").unlink()
+    proc = generate()
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: {run_dir} is not a finished BlockLab run (missing model.json)"

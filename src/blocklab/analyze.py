@@ -12,27 +12,12 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from blocklab.analysis.probe import measure
 from blocklab.cli import CONF_DIR  # the packaged config groups
 from blocklab.errors import ConfigError
+from blocklab.experiment import Setup
 from blocklab.train.diagnostics import write_measurement
-
-
-def _setup_from_config(cfg):
-    """Task and model config from a composed or saved config, validated as `train.py` does."""
-    from blocklab.model import ModelConfig
-    from blocklab.tasks import build_task
-
-    groups = OmegaConf.to_container(cfg, resolve=True)
-    arch = groups["model"]["arch"]
-    task = build_task(groups["task"], groups["seed"], arch)
-    model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len)
-    errors = model_cfg.errors()
-    if errors:
-        raise ConfigError("\n".join(errors))
-    return groups, task, model_cfg
 
 
 def analyze_init(overrides: list[str], out: Path) -> Path:
@@ -42,24 +27,20 @@ def analyze_init(overrides: list[str], out: Path) -> Path:
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, f"run_dir={out}"])
-    groups, task, model_cfg = _setup_from_config(cfg)
-    torch.manual_seed(groups["seed"])
-    model = build_model(model_cfg)
-    return _write(model, task, groups, out, "init", {"overrides": overrides})
+    setup = Setup.from_config(cfg)
+    torch.manual_seed(setup.groups["seed"])
+    model = build_model(setup.model_cfg)
+    return _write(model, setup, out, "init", {"overrides": overrides})
 
 
 def analyze_run(run_dir: Path) -> Path:
-    from blocklab.generate import load_run
-
-    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    groups, task, _ = _setup_from_config(cfg)
-    model, _ = load_run(run_dir)
-    return _write(model, task, groups, run_dir, "trained", {"run_dir": str(run_dir)})
+    setup = Setup.from_run_dir(run_dir, with_task=True)
+    return _write(setup.trained_model(), setup, run_dir, "trained", {"run_dir": str(run_dir)})
 
 
-def _write(model, task, groups: dict, out: Path, tag: str, about: dict) -> Path:
-    diag = groups["diagnostics"]
-    probe = task.probe_batch(diag.get("probe_examples", 16))
+def _write(model, setup: Setup, out: Path, tag: str, about: dict) -> Path:
+    diag = setup.groups["diagnostics"]
+    probe = setup.task.probe_batch(diag.get("probe_examples", 16))
     stats = measure(model, probe, diag.get("sparsity_eps", 1e-3), keep_weights=True)
     stats = write_measurement(stats, out / "diagnostics", tag, maps=True)
     path = out / "diagnostics" / "analysis.json"

@@ -1,26 +1,13 @@
 """Continue a prompt with a trained run: python -m blocklab.generate RUN_DIR --prompt "..." [options]."""
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
-from blocklab.model import ModelConfig, build_model
+from blocklab.errors import ConfigError
+from blocklab.experiment import Setup
 from blocklab.model.generate import generate
-from blocklab.results import CHECKPOINT, MODEL_FILE, TOKENIZER_FILE
-
-
-def load_run(run_dir: Path) -> tuple[torch.nn.Module, Tokenizer]:
-    """The trained model and its tokenizer, from the files every run writes."""
-    missing = [name for name in (MODEL_FILE, TOKENIZER_FILE, CHECKPOINT) if not (run_dir / name).exists()]
-    if missing:
-        raise SystemExit(f"error: {run_dir} is not a finished BlockLab run (missing {', '.join(map(str, missing))})")
-    model = build_model(ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text())))
-    state = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)["state_dict"]
-    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
-    return model.eval(), Tokenizer.from_file(str(run_dir / TOKENIZER_FILE))
 
 
 def main(argv=None) -> None:
@@ -33,7 +20,11 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-cache", action="store_true", help="recompute the full context at every step")
     args = parser.parse_args(argv)
-    model, tokenizer = load_run(args.run_dir)
+    try:
+        setup = Setup.from_run_dir(args.run_dir)
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
+    model, tokenizer = setup.trained_model(), setup.saved_tokenizer()
     ids = tokenizer.encode(args.prompt).ids
     eos = tokenizer.token_to_id("<eos>")
     if not ids:

@@ -57,6 +57,27 @@ def read_results(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / RESULTS_FILE).read_text())
 
 
+def previous_status(run_dir: Path) -> str | None:
+    """The status a run directory's results record, None where there are none yet."""
+    path = run_dir / RESULTS_FILE
+    if not path.exists():
+        return None
+    try:
+        return read_results(run_dir).get("status")
+    except (OSError, ValueError):
+        return "failed"  # unreadable: treat as unfinished
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """A nested config as dotted keys (`optim.lr`), the way overrides name them: W&B hyperparameters,
+    resume's config differences and the report's columns."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        flat.update(flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
+    return flat
+
+
 def print_summary(results: dict, path: Path, console: Console | None = None) -> None:
     console = console or Console()
     choices = results["choices"]

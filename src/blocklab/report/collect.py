@@ -4,22 +4,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from blocklab.results import RESULTS_FILE, swept_overrides
+from blocklab.results import RESULTS_FILE, flatten, swept_overrides
 
 HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "tokens_per_s",
                     "decode_tokens_per_s"}
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
                    "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token"}
-
-
-def _flatten(tree, prefix=""):
-    flat = {}
-    for key, value in (tree or {}).items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        elif not isinstance(value, list):
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _mean(values):
@@ -29,9 +19,9 @@ def _mean(values):
 
 def _layers(diag: dict | None, when: str) -> dict[str, list]:
     """Per-layer series from the diagnostics measurement at `when` (init or end)."""
-    if not diag or when not in diag:
+    m = (diag or {}).get(when) or {}
+    if not m.get("layers"):  # none measured, or skipped (a diverged model has nothing finite to measure)
         return {}
-    m = diag[when]
     series = {
         "activation_rms": [layer["activation_rms"] for layer in m["layers"]],
         "relative_residual": [layer["relative_residual"]["fro"] for layer in m["layers"]],
@@ -49,7 +39,8 @@ def load_run(run_dir: Path) -> dict:
     config_path = run_dir / ".hydra" / "config.yaml"
     config = OmegaConf.to_container(OmegaConf.load(config_path)) if config_path.exists() else {}
     row = {"run": str(run_dir), "status": results["status"], "error": results.get("error")}
-    row.update(_flatten(config))
+    row.update({key: value for key, value in flatten(config).items()
+                if not isinstance(value, list)})  # lists (eval lengths, plot specs) make no table column
     row["study"] = results.get("study") or (config.get("study") or {}).get("name")
     row["task"] = results.get("task")
     row["overrides"] = dict(o.partition("=")[::2] for o in swept_overrides(results.get("overrides", [])))

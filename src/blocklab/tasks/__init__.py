@@ -1,33 +1,32 @@
-"""Tasks by name. Every task offers: name, vocab_size, max_seq_len, eval_lengths, train_lengths,
-in_distribution(length), tokenizer(), train_batches(), validation_batches(), evaluate(model).
-`build_task` validates the task config first and raises ConfigError."""
+"""Tasks by name (the Task interface in tasks/interface.py). `build_task` validates the task
+config first and raises ConfigError."""
 from blocklab.errors import ConfigError
-from blocklab.tasks.addition import AdditionTask
+from blocklab.tasks.interface import TASKS, Task
+# Importing a task module registers it; this order is the order error messages list them in.
 from blocklab.tasks.copy import CopyTask
+from blocklab.tasks.addition import AdditionTask
 from blocklab.tasks.lm import LMTask
 
-TASKS = {"copy": CopyTask, "addition": AdditionTask, "lm": LMTask}
+__all__ = ["TASKS", "Task", "CopyTask", "AdditionTask", "LMTask", "build_task", "task_errors"]
 
 
-# Tasks whose examples split into a source and a target, so an encoder-decoder can learn them.
-SEQ2SEQ_TASKS = ("copy", "addition")
+def task_errors(cfg: dict, seq2seq: bool = False) -> list[str]:
+    """seq2seq: the model is an encoder-decoder, so the task must split into a source and a target."""
+    name = cfg.get("name")
+    if name not in TASKS:
+        return [TASKS.unknown(name)]
+    if seq2seq and not TASKS[name].supports_seq2seq:
+        seq2seq_names = [n for n in TASKS if TASKS[n].supports_seq2seq]
+        return [f"model.arch=encoder_decoder needs a source/target task ({', '.join(seq2seq_names)}), "
+                f"not task={name}; use model.arch=decoder"]
+    return TASKS[name].errors(cfg)
 
 
-def task_errors(cfg: dict, arch: str = "decoder") -> list[str]:
-    cls = TASKS.get(cfg.get("name"))
-    if cls is None:
-        return [f"task.name={cfg.get('name')!r} is unknown; use one of {list(TASKS)}"]
-    if arch == "encoder_decoder" and cfg["name"] not in SEQ2SEQ_TASKS:
-        return [f"model.arch=encoder_decoder needs a source/target task ({', '.join(SEQ2SEQ_TASKS)}), "
-                f"not task={cfg['name']}; use model.arch=decoder"]
-    return cls.errors(cfg)
-
-
-def build_task(cfg: dict, seed: int, arch: str = "decoder"):
-    errors = task_errors(cfg, arch)
+def build_task(cfg: dict, seed: int, seq2seq: bool = False) -> Task:
+    errors = task_errors(cfg, seq2seq)
     if errors:
         raise ConfigError("\n".join(errors))
     options = {k: v for k, v in cfg.items() if k != "name"}
-    if arch == "encoder_decoder":
+    if seq2seq:
         options["seq2seq"] = True
     return TASKS[cfg["name"]](seed=seed, **options)

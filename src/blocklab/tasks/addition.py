@@ -4,11 +4,11 @@ to n digits with the sum padded to n+1 (pad_operands), which fixes every digit's
 import random
 
 from blocklab.tasks.base import Example, SequenceTask
+from blocklab.tasks.interface import TASKS
 
 
+@TASKS.register("addition")
 class AdditionTask(SequenceTask):
-    name = "addition"
-
     def __init__(self, reverse_answer: bool = True, pad_operands: bool = False, **kwargs):
         self.reverse_answer, self.pad_operands = reverse_answer, pad_operands
         super().__init__([*"0123456789", "+", "="], **kwargs)

@@ -2,6 +2,7 @@
 padded batches with a loss mask, and fixed validation sets per length."""
 import math
 import random
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +12,7 @@ from torch import Tensor
 from torch.utils.data import IterableDataset
 
 from blocklab.model.generate import generate
+from blocklab.tasks.interface import Task
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"  # BOS starts an encoder-decoder's target
 IGNORE = -100  # cross-entropy ignore_index: no loss on prompt or padding
@@ -65,10 +67,10 @@ def default_eval_lengths(min_len: int, max_len: int) -> list[int]:
     return sorted({min_len, max_len, *range(step, 2 * max_len + 1, step)})
 
 
-class SequenceTask:
+class SequenceTask(Task):
     """A task generating (prompt, answer) examples of a natural `length` (characters, digits...)."""
 
-    name = "base"
+    supports_seq2seq = True
 
     def __init__(self, symbols: list[str], min_len: int, max_len: int, eval_lengths: list[int] | None,
                  batch_size: int, eval_examples: int, eval_seed: int, seed: int, seq2seq: bool = False):
@@ -83,7 +85,6 @@ class SequenceTask:
 
     @classmethod
     def errors(cls, cfg: dict) -> list[str]:
-        """Config problems as one line each naming the key and the fix (checked before building)."""
         errs = []
         for key in ("min_len", "max_len", "batch_size", "eval_examples"):
             value = cfg.get(key)
@@ -100,14 +101,14 @@ class SequenceTask:
         return errs
 
     # --- what a concrete task defines -------------------------------------------------
-    def sample(self, rng: random.Random, length: int) -> Example:
-        raise NotImplementedError
+    @abstractmethod
+    def sample(self, rng: random.Random, length: int) -> Example: ...
 
-    def max_answer_len(self, length: int) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def max_answer_len(self, length: int) -> int: ...
 
-    def max_prompt_len(self, length: int) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def max_prompt_len(self, length: int) -> int: ...
 
     # --- shared machinery -------------------------------------------------------------
     @property

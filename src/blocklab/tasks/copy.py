@@ -2,13 +2,13 @@
 import random
 
 from blocklab.tasks.base import Example, SequenceTask
+from blocklab.tasks.interface import TASKS
 
 SEP = "<sep>"
 
 
+@TASKS.register("copy")
 class CopyTask(SequenceTask):
-    name = "copy"
-
     def __init__(self, alphabet: str = "abcdefghijklmnop", **kwargs):
         self.alphabet = list(alphabet)
         super().__init__([SEP, *self.alphabet], **kwargs)

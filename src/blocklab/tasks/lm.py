@@ -13,6 +13,7 @@ from torch.utils.data import IterableDataset
 from blocklab.errors import ConfigError
 from blocklab.tasks.base import ddp_rank
 from blocklab.tasks.corpus import cache_key, load_corpus, source_key
+from blocklab.tasks.interface import TASKS, Task
 from blocklab.tasks.tokenizer import tokenizer_errors, train_tokenizer
 
 CACHE_FORMAT = 1
@@ -22,9 +23,8 @@ def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-class LMTask:
-    name = "lm"
-
+@TASKS.register("lm")
+class LMTask(Task):
     def __init__(self, data: dict, tokenizer: dict, block_size: int, batch_size: int, eval_multipliers: list[int],
                  eval_max_tokens: int, cache_dir: str, seed: int):
         self.block_size, self.batch_size, self.seed = block_size, batch_size, seed

@@ -7,20 +7,13 @@ import torch
 from omegaconf import OmegaConf
 
 from blocklab.errors import ConfigError
-from blocklab.results import CHECKPOINT
+from blocklab.results import CHECKPOINT, flatten
 
 IGNORED_KEYS = {"run_dir", "resume"}  # may differ between the interrupted and the resumed command
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return flat
-
-
 def config_differences(saved: dict, current: dict) -> list[str]:
-    old, new = _flat(saved), _flat(current)
+    old, new = flatten(saved), flatten(current)
     keys = sorted((set(old) | set(new)) - IGNORED_KEYS)
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 

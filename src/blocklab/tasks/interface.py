@@ -1,0 +1,69 @@
+"""What every task offers training, evaluation and diagnostics, and the registry of tasks by name."""
+from abc import ABC, abstractmethod
+from typing import Iterable
+
+from tokenizers import Tokenizer
+from torch import nn
+
+from blocklab.registry import Registry
+
+
+class Task(ABC):
+    """A source of training batches and a fixed evaluation of length generalization.
+
+    `length` is the task's natural size (characters copied, digits per operand, context tokens);
+    `eval_lengths` (set by the constructor) are the lengths evaluated, `train_lengths` the
+    (shortest, longest) trained on."""
+
+    # Examples split into a source and a target, so an encoder-decoder can learn the task.
+    supports_seq2seq: bool = False
+    bos_id: int | None = None  # the token a decoder starts from, where the task has one
+    eval_lengths: list[int]
+
+    @property
+    def name(self) -> str:
+        """task.name in the config, as registered."""
+        return self.registry_name
+
+    @classmethod
+    @abstractmethod
+    def errors(cls, cfg: dict) -> list[str]:
+        """Config problems as one line each naming the key and the fix (checked before building)."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def max_seq_len(self) -> int:
+        """Longest model input over training and evaluation."""
+
+    @property
+    @abstractmethod
+    def train_lengths(self) -> tuple[int, int]: ...
+
+    @abstractmethod
+    def in_distribution(self, length: int) -> bool: ...
+
+    @abstractmethod
+    def tokenizer(self) -> Tokenizer:
+        """Saved with every run, so generation needs nothing but the run directory."""
+
+    @abstractmethod
+    def train_batches(self, start_step: int = 0) -> Iterable[dict]:
+        """Endless batches; batch k is a pure function of (seed, k), so a resumed run continues exactly."""
+
+    @abstractmethod
+    def validation_batches(self) -> list[dict]: ...
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module) -> list[dict]:
+        """One results.json `eval` row per length in eval_lengths."""
+
+    @abstractmethod
+    def probe_batch(self, n: int) -> dict:
+        """A fixed batch of n examples for diagnostics."""
+
+
+TASKS: Registry[type[Task]] = Registry("task.name", framework_args=("seed", "seq2seq"))

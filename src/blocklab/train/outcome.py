@@ -1,0 +1,56 @@
+"""What a finished training run reports in results.json (the contract is blocklab/results.py)."""
+import time
+
+from blocklab.model import ModelConfig
+from blocklab.model.generate import generate
+from blocklab.tasks import Task
+from blocklab.train.checks import PRECISIONS
+
+
+def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true") -> dict:
+    """What was run, named by what the model computes (field overrides included)."""
+    return {
+        "norm": model_cfg.norm.name, "pos": model_cfg.pos.name, "act": model_cfg.act.name,
+        "attn": model_cfg.attn_label, "init": model_cfg.init.name,
+        "n_heads": model_cfg.n_heads, "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model, "seed": seed,
+        "n_kv_heads": model_cfg.attn.n_kv_heads or model_cfg.n_heads, "d_ff": model_cfg.d_ff,
+        "norm_type": model_cfg.norm.type, "norm_placement": model_cfg.norm.placement,
+        "precision": PRECISIONS[precision],
+    }
+
+
+def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8) -> dict:
+    """KV-cache bytes per token (from the model's shape) and cached greedy decoding speed."""
+    cfg = model.cfg
+    kv_heads = cfg.attn.n_kv_heads or cfg.n_heads
+    bytes_per_token = 2 * cfg.n_layers * kv_heads * cfg.d_head * next(model.parameters()).element_size()
+    probe = task.probe_batch(batch)
+    prompts = [row[:8] for row in probe.get("source", probe["input"])]
+    new_tokens = min(new_tokens, cfg.max_len - 8)  # a learned position table ends at max_len
+    start = time.perf_counter()
+    generate(model, prompts, new_tokens, bos_id=task.bos_id)
+    elapsed = time.perf_counter() - start
+    return {"kv_cache_bytes_per_token": bytes_per_token, "tokens_per_s": batch * new_tokens / elapsed}
+
+
+def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, train_time_s: float, picked: dict) -> dict:
+    """Evaluate the trained model (`lit`, a LitTransformer) and gather what the run measured."""
+    rows = task.evaluate(lit.model)
+    in_dist = [r["loss"] for r in rows if r["in_distribution"] and r["loss"] is not None]
+    return {
+        "status": "diverged" if diverged_at_step is not None else "completed",
+        "task": task.name,
+        "choices": picked,
+        "params": lit.model.num_params(),
+        "steps": steps,
+        "train_time_s": round(train_time_s, 3),
+        "tokens_per_s": lit.tokens_seen / lit.step_time_s if lit.step_time_s else 0.0,
+        "ms_per_step": 1000 * lit.step_time_s / max(1, steps),
+        "final_train_loss": lit.last_train_loss,
+        "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
+        "diverged_at_step": diverged_at_step,
+        "steps_to_target_loss": lit.steps_to_target,
+        "train_lengths": list(task.train_lengths),
+        "eval": rows,
+        "decode": decode_stats(lit.model, task),
+    }

@@ -1,0 +1,72 @@
+"""A run as one job of a Hydra multirun: finished jobs are skipped, a failed one is tried again with
+the record of its failure kept, a failing one is recorded without stopping the sweep; plus the
+DDP re-launch of one job and its W&B grouping."""
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, open_dict, read_write
+
+from blocklab.results import RESULTS_FILE, previous_status, read_results, swept_overrides, write_results
+
+
+def in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def job_overrides() -> list[str]:
+    return list(HydraConfig.get().overrides.task)
+
+
+def run_as_sweep_job(cfg: DictConfig, train: Callable[[DictConfig], float | None]) -> float | None:
+    """`train(cfg)`, or inside a sweep what stands for it: the recorded result of a finished job, or
+    None for a job that failed (recorded where its results would be). A single run fails loudly."""
+    run_dir = Path(cfg.run_dir)
+    status = previous_status(run_dir)
+    if status in ("completed", "diverged") and in_sweep():
+        print(f"skip {run_dir}: already {status}")
+        return read_results(run_dir).get("final_val_loss")
+    if status == "failed":  # keep the record of the failure, then try again
+        os.replace(run_dir / RESULTS_FILE, run_dir / f"results.failed-{int(time.time())}.json")
+    if not in_sweep():
+        return train(cfg)
+    environ = dict(os.environ)
+    try:
+        return train(cfg)
+    except Exception as err:  # a sweep goes on; the failure is recorded where the results would be
+        message = f"{type(err).__name__}: {err}".splitlines()[0][:500]
+        print(f"error: job {run_dir} failed: {message}", file=sys.stderr)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_results(run_dir, {"status": "failed", "error": message, "task": cfg.task.name,
+                                "overrides": job_overrides()})
+        return None
+    finally:
+        # Lightning's DDP leaves LOCAL_RANK, MASTER_PORT... behind, which would make the next job
+        # believe its processes were launched externally and wait for them forever.
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def relaunch_only_this_job(run_dir: Path) -> None:
+    """Lightning's DDP starts the other ranks by re-running sys.argv; inside a multirun that would
+    re-run the whole sweep (Hydra #2070). Make the command this one job, as a single run."""
+    hydra_cfg = HydraConfig.get()
+    sys.argv = [sys.argv[0], *hydra_cfg.overrides.task, f"run_dir={run_dir}"]
+    with read_write(hydra_cfg), open_dict(hydra_cfg):
+        hydra_cfg.run.dir = str(run_dir)  # Lightning passes it on as hydra.run.dir
+
+
+def sweep_tags_and_group(groups: dict) -> dict:
+    """W&B grouping for sweep jobs: group = study name + launch, tags = the swept overrides."""
+    study = groups.get("study")
+    if not study or not in_sweep():
+        return {}
+    hydra_cfg = HydraConfig.get()
+    marker = Path(hydra_cfg.sweep.dir) / "multirun.yaml"  # Hydra rewrites it at every launch
+    launch = time.strftime("%Y%m%d-%H%M%S", time.localtime(marker.stat().st_mtime)) if marker.exists() else "run"
+    tags = swept_overrides(hydra_cfg.overrides.task)
+    return {"group": f"{study['name']}-{launch}", "tags": [t[:64] for t in tags]}
