@@ -20,10 +20,9 @@ def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true")
 
 
 def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8) -> dict:
-    """KV-cache bytes per token (from the model's shape) and cached greedy decoding speed."""
+    """How much the decoding state grows per token (each attention kind says) and cached greedy decoding speed."""
     cfg = model.cfg
-    kv_heads = cfg.attn.n_kv_heads or cfg.n_heads
-    bytes_per_token = 2 * cfg.n_layers * kv_heads * cfg.d_head * next(model.parameters()).element_size()
+    bytes_per_token = model.cache_bytes_per_token()
     probe = task.probe_batch(batch)
     prompts = [row[:8] for row in probe.get("source", probe["input"])]
     new_tokens = min(new_tokens, cfg.max_len - 8)  # a learned position table ends at max_len
