@@ -35,9 +35,8 @@ def right_pad(prompts: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
 def decoding():
     """What a decoding loop runs under: inference_mode (cheaper per op than no_grad; nothing decoded
     is differentiated) and torch's own CPU kernels instead of oneDNN's. Decoding steps are a few
-    thousand numbers per op, where oneDNN's set-up per call (~7 us for float32 exact GELU, whatever
-    the size) costs more than the work; torch's kernels take ~1 us. A 256-token decode of the baby
-    model runs ~13% faster so, one sequence or a batch of 8."""
+    thousand numbers per op, where oneDNN's fixed set-up per call (float32 exact GELU most of all)
+    costs more than the work; `python -m blocklab.bench decode` measures the result."""
     # Saved and restored by hand: torch.backends.mkldnn.flags() also resets oneDNN's TF32 setting, with a warning.
     previous = torch.backends.mkldnn.enabled
     torch.backends.mkldnn.enabled = False
