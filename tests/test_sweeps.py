@@ -153,3 +153,33 @@ def render_in_browser(index: Path) -> None:
         assert page.locator("h2").first.inner_text() == "causal_mask"
         page.screenshot(path=str(index.parent / "screenshot.png"), full_page=True)
         browser.close()
+
+
+def job_dir_name(overrides: list[str]) -> str:
+    """A sweep job's folder name (hydra.job.override_dirname), as Hydra composes it from the job's overrides."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True).hydra.job.override_dirname
+
+
+@pytest.mark.parametrize("extras", [
+    ["logger=none", "diagnostics=none", "checkpoint_every=7"],
+    ["logger.mode=online", "diagnostics.every_n_steps=50", "resume=false", "run_dir=elsewhere", "study.scale=2",
+     "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=elsewhere"],
+])
+def test_job_names_leave_out_what_does_not_change_results(extras):
+    """A relaunch with another logger, diagnostics or checkpoint schedule finds the same finished jobs."""
+    assert job_dir_name(["sweep=pe_copy", *extras, "pos=rope", "seed=0"]) == "pos=rope,seed=0"
+    assert job_dir_name(["sweep=pe_copy", "pos=rope", "seed=0"]) == "pos=rope,seed=0"
+
+
+@pytest.mark.parametrize("group", ["logger", "diagnostics"])
+def test_every_key_of_logger_and_diagnostics_stays_out_of_job_names(group):
+    """Hydra matches excluded keys exactly: each key these groups define must be listed in config.yaml."""
+    from blocklab.overrides import names_the_job
+
+    for option in (CONF / group).glob("*.yaml"):
+        cfg = compose_config([f"{group}={option.stem}"])
+        for key in OmegaConf.to_container(cfg[group]):
+            assert not names_the_job(f"{group}.{key}=x"), f"{group}.{key} ({option.name}) would name sweep jobs"
+    assert names_the_job("pos=rope") and names_the_job("+model.d_ff=8")
+    assert not names_the_job("hydra/launcher=joblib") and not names_the_job("hydra.launcher.n_jobs=2")

@@ -1,5 +1,6 @@
 """The Hydra application: `python -m blocklab.train norm=pre_ln pos=rope` (or `python train.py ...` in a
 checkout). The config ships inside the package (blocklab/conf), so an installed BlockLab needs no checkout."""
+import os
 import sys
 from pathlib import Path
 
@@ -13,8 +14,21 @@ from blocklab.errors import ConfigError
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
+def main() -> None:
+    """The command line. Its overrides are checked first: a misspelled key or an unknown option is one line
+    and exit 2, before Hydra creates a run directory. HYDRA_FULL_ERROR=1 shows Hydra's own message instead."""
+    if os.environ.get("HYDRA_FULL_ERROR") != "1":
+        from blocklab.overrides import command_line_error
+
+        error = command_line_error(sys.argv[1:])
+        if error is not None:
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(2)
+    train()
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def train(cfg: DictConfig) -> float | None:
     # Heavy imports (torch, Lightning) only after Hydra parsed the command line: `--help`, `--cfg` and
     # config errors stay fast, and start-up counts (`python -m blocklab.bench startup` measures it).
     from blocklab.train.run import run

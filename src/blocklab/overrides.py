@@ -1,0 +1,243 @@
+"""The command line's overrides, checked before Hydra takes over. A misspelled key, an unknown option or a
+malformed override is answered with one line that names the fix, instead of Hydra's message of up to 20
+lines (the config search path among them, and "use +key" for a misspelled key, which is the wrong fix).
+Hydra's compose API is all it needs: no torch, no run directory. HYDRA_FULL_ERROR=1 skips the check.
+
+Also here: which overrides name a sweep job (conf/config.yaml's override_dirname.exclude_keys)."""
+import contextlib
+import copy
+import difflib
+import io
+from functools import cache
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import get_args_parser
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from blocklab.cli import CONF_DIR
+
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+class OverrideError(ValueError):
+    """An override Hydra would refuse; the message is the one line that says why and what to type instead."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key  # the config key it is about, where there is one
+
+
+def command_line_error(argv: list[str]) -> str | None:
+    """The one-line error for a command line whose overrides do not compose, or None: Hydra takes it from there."""
+    args = _hydra_args(argv)
+    if args is None or not args.overrides or args.help or args.hydra_help or args.shell_completion \
+            or args.experimental_rerun or args.config_path or args.config_name or args.config_dir:
+        return None  # Hydra's own answer: help, a bad flag, or a primary config other than ours
+    try:
+        check_overrides(args.overrides, multirun=args.multirun)
+    except OverrideError as err:
+        return str(err)
+    except (HydraException, OmegaConfBaseException, ValueError):
+        return None  # a failure this check has no line for: Hydra's own answer, as before
+    return None
+
+
+def check_overrides(overrides: list[str], multirun: bool) -> None:
+    """Raise OverrideError for the first override that Hydra would refuse to compose. In a multirun, every
+    swept option of a group must exist, and one job (the first value of each sweep) is composed: an error
+    there that another swept option could avoid is left to the sweep's own check of every job."""
+    parsed = _parse(overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        loader = _loader_with_search_path(parsed)
+        first_job, swept_sections = [], set()  # (override, its text in the first job)
+        for override in parsed:
+            swept = _swept_values(override, loader, multirun)
+            if override.is_sweep_override() and swept is None:
+                continue  # interval(...): a search sweeper's to draw from; Hydra answers for the basic one
+            group = override.key_or_group
+            if loader.repository.group_exists(group) and not override.is_delete():
+                chosen = swept if swept is not None else override.value()  # an option, or a list of them
+                for value in chosen if isinstance(chosen, list) else [chosen]:
+                    _check_option(group, "null" if value is None else str(value), loader.get_group_options(group))
+                if swept is not None:
+                    swept_sections.add(_section(loader, group, swept[0]))
+            first_job.append((override, override.input_line if swept is None
+                              else f"{override.get_key_element()}={swept[0]}"))
+        try:
+            # Hydra creates a missing parent for `+a.b=1` and names no close key for `~a.b`: checked here instead
+            cfg = _compose([text for override, text in first_job if not _adds_or_deletes_a_key(override)])
+            for override, _ in first_job:
+                if _adds_or_deletes_a_key(override):
+                    _check_added_or_deleted(cfg, override)
+        except OverrideError as err:
+            if err.key is None or not swept_sections & {"", err.key.split(".")[0]}:
+                raise
+
+
+def _section(loader: ConfigLoaderImpl, group: str, option: str) -> str:
+    """The top-level key a group's option writes to ('' where that is the whole config: experiment, sweep)."""
+    header = loader.repository.load_config(f"{group}/{option}").header
+    package = header.get("package") or group.replace("/", ".")
+    return "" if package == "_global_" else package.split(".")[0]
+
+
+def _hydra_args(argv: list[str]):
+    """Hydra's own reading of the command line (None where it would refuse the flags: it answers that itself)."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return get_args_parser().parse_args(argv)
+        except SystemExit:
+            return None
+
+
+def _parse(overrides: list[str]) -> list[Override]:
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as err:
+        raise OverrideError(f"cannot parse override {err.override!r}: {_parse_detail(err)}; "
+                            f"the grammar: {GRAMMAR}") from None
+    for override in parsed:
+        if not override.key_or_group:
+            raise OverrideError(f"cannot parse override {override.input_line!r}: no key before '='; use key=value")
+    return parsed
+
+
+def _parse_detail(err: OverrideParseException) -> str:
+    lines = [line for line in err.message.splitlines()
+             if line.strip() and not line.startswith(("Error parsing override", "See https://"))]
+    lexer = "LexerNoViableAltException: "
+    if lines[0].startswith(lexer) and len(lines) > 1 and "^" in lines[1]:
+        position = lines[1].index("^") - len(lexer)
+        return f"unexpected {err.override[position:]!r}"
+    return lines[0]
+
+
+def _loader_with_search_path(parsed: list[Override]) -> ConfigLoaderImpl:
+    """The config loader, with the config dirs a `hydra.searchpath=[...]` override adds (their groups too)."""
+    loader = GlobalHydra.instance().config_loader()
+    extra = next((o.value() for o in parsed if o.get_key_element() == "hydra.searchpath"), None)
+    if not isinstance(extra, list):
+        return loader  # a malformed one is for compose to report
+    search_path = copy.deepcopy(loader.get_search_path())
+    schema = search_path.get_path().pop(-1)  # structured configs stay last, as Hydra orders them
+    for path in extra:
+        search_path.append(provider="hydra.searchpath in command-line", path=str(path))
+    search_path.append(schema.provider, schema.path)
+    return ConfigLoaderImpl(config_search_path=search_path)
+
+
+def _swept_values(override: Override, loader: ConfigLoaderImpl, multirun: bool) -> list[str] | None:
+    """Each value of a sweep (`seed=0,1`, `pos=glob(*)`), as override text; None for a plain override."""
+    if not override.is_sweep_override():
+        return None
+    if not multirun:
+        raise OverrideError(f"{override.input_line} is a sweep: add -m (--multirun) to run one job per value, "
+                            f"or write {override.get_key_element()}=[...] for a list")
+    override.config_loader = loader  # glob(...) lists the group's options
+    try:
+        values = list(override.sweep_string_iterator())
+    except HydraException:  # interval(...): only a search sweeper draws from it; Hydra answers that itself
+        return None
+    if not values:
+        options = loader.get_group_options(override.key_or_group)
+        raise OverrideError(f"{override.input_line} matches no option of group {override.key_or_group}; "
+                            f"options: {' '.join(options)}")
+    return values
+
+
+def _check_option(group: str, value: str, options: list[str], key: str | None = None) -> None:
+    if value in options or value == "null":  # null: no option of an optional group (experiment, sweep)
+        return
+    close = difflib.get_close_matches(value, options, n=2)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise OverrideError(f"{group}={value} is not an option of group {group}; {hint}options: {' '.join(options)}",
+                        key=key)
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    try:
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    except MissingConfigException as err:  # an option that a config's own defaults list names
+        if err.options is not None and err.missing_cfg_file is not None:
+            group, _, value = err.missing_cfg_file.rpartition("/")
+            _check_option(group, value, err.options, key=group.replace("/", "."))
+        raise OverrideError(str(err).splitlines()[0], key="") from None  # then: the config search path
+    except ConfigCompositionException as err:
+        cause = err.__cause__
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
+            parent = cause.parent_node
+            siblings = list(parent.keys()) if isinstance(parent, DictConfig) else []
+            raise OverrideError(_not_a_key(cause.full_key, siblings), key=cause.full_key) from None
+        if isinstance(cause, OmegaConfBaseException):  # a value Hydra's own schema refuses (hydra.*)
+            raise OverrideError(f"{_one_line(str(err))}: {str(cause.msg).splitlines()[0]}") from None
+        raise OverrideError(_one_line(str(err))) from None
+
+
+def _adds_or_deletes_a_key(override: Override) -> bool:
+    """`+a.b=1`, `++a.b=1`, `~a.b`: a config key (groups have no dots); Hydra's own keys are its to check."""
+    return (override.is_add() or override.is_force_add() or override.is_delete()) \
+        and "." in override.key_or_group and not override.is_hydra_override()
+
+
+def _check_added_or_deleted(cfg: DictConfig, override: Override) -> None:
+    key = override.key_or_group
+    parent_key, _, leaf = key.rpartition(".")
+    try:
+        parent = _existing_node(cfg, parent_key)
+    except OverrideError as err:
+        raise OverrideError(f"{override.input_line}: {err}", key=key) from None
+    if override.is_delete() and leaf not in parent:
+        raise OverrideError(f"{override.input_line}: {_not_a_key(key, list(parent.keys()))}", key=key)
+    if override.is_add() and leaf in parent:
+        raise OverrideError(f"{override.input_line}: {key} already exists; set it without the +: "
+                            f"{override.input_line.removeprefix('+')}", key=key)
+
+
+def _existing_node(cfg: DictConfig, dotted: str) -> DictConfig:
+    """The dict at `dotted`, or OverrideError naming the first part of it that does not exist."""
+    node, path = cfg, []
+    for part in dotted.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            raise OverrideError(_not_a_key(".".join([*path, part]), list(node.keys()) if isinstance(node, DictConfig)
+                                           else []))
+        node, path = node._get_node(part), [*path, part]  # the node itself: no interpolation is resolved
+    if not isinstance(node, DictConfig):
+        raise OverrideError(f"{dotted} is a value, not a group of keys")
+    return node
+
+
+def _not_a_key(key: str, siblings: list[str]) -> str:
+    """`model.dmodel is not a key of model; did you mean model.d_model?`"""
+    parent, _, leaf = key.rpartition(".")
+    where, prefix = (parent, f"{parent}.") if parent else ("the config", "")
+    close = difflib.get_close_matches(leaf, siblings, n=2)
+    if close:
+        hint = f"did you mean {' or '.join(prefix + k for k in close)}?"
+    else:
+        hint = f"its keys: {' '.join(sorted(siblings))}" if siblings else f"{where} has no keys under it"
+    return f"{key} is not a key of {where}; {hint}"
+
+
+def _one_line(message: str) -> str:
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+@cache
+def job_name_excluded_keys() -> frozenset[str]:
+    """Keys that are not part of a sweep job's identity (conf/config.yaml's override_dirname.exclude_keys):
+    they do not change its results, or say where it writes. Hydra matches them exactly, as written."""
+    conf = OmegaConf.load(CONF_DIR / "config.yaml")
+    return frozenset(conf.hydra.job.config.override_dirname.exclude_keys)
+
+
+def names_the_job(override: str) -> bool:
+    """Whether an override (`pos=rope`, `+logger.mode=online`) is part of a sweep job's directory name, as
+    Hydra decides it: not for the excluded keys, nor for Hydra's own (hydra.*, hydra/launcher)."""
+    key = override.partition("=")[0].lstrip("+~").partition("@")[0]
+    return key not in job_name_excluded_keys() and not key.startswith(("hydra.", "hydra/"))

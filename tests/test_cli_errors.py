@@ -1,0 +1,78 @@
+"""Hydra's own refusals (a misspelled key, an unknown option, a malformed override) are one line naming the
+fix, exit 2, before any run directory exists and before torch is imported; HYDRA_FULL_ERROR=1 keeps Hydra's."""
+import subprocess
+import sys
+
+import pytest
+
+from blocklab.overrides import command_line_error
+from conftest import ROOT, run_cli
+
+BAD = {
+    "misspelled key": (["model.dmodel=64"], "error: model.dmodel is not a key of model; did you mean model.d_model?"),
+    "misspelled group": (["nrom=pre_ln"], "error: nrom is not a key of the config; did you mean norm?"),
+    "unknown option": (["norm=post_layernorm"], "error: norm=post_layernorm is not an option of group norm; "
+                       "did you mean post_ln or post_rms? options: deepnorm none post_ln post_rms pre_ln pre_rms "
+                       "sandwich_ln"),
+    "unknown swept option": (["-m", "norm=pre_ln,post_layernorm"], "error: norm=post_layernorm is not an option"),
+    "glob matching nothing": (["-m", "pos=glob(xx*)"], "error: pos=glob(xx*) matches no option of group pos"),
+    "misspelled key in a sweep": (["-m", "pos=rope,alibi", "model.dmodel=64"], "error: model.dmodel is not a key"),
+    "unknown launcher": (["hydra/launcher=jobib"], "error: hydra/launcher=jobib is not an option of group "
+                         "hydra/launcher; did you mean joblib?"),
+    "append under a misspelled key": (["+modle.foo=1"], "error: +modle.foo=1: modle is not a key of the config; "
+                                      "did you mean model?"),
+    "append to an existing key": (["+model.d_model=32"], "error: +model.d_model=32: model.d_model already exists; "
+                                  "set it without the +: model.d_model=32"),
+    "delete a missing key": (["~model.dmodel"], "error: ~model.dmodel: model.dmodel is not a key of model; "
+                             "did you mean model.d_model?"),
+    "sweep without -m": (["seed=0,1"], "error: seed=0,1 is a sweep: add -m (--multirun)"),
+    "malformed list": (["model.d_model=[1,"], "error: cannot parse override 'model.d_model=[1,'"),
+    "no value": (["model.d_model"], "error: cannot parse override 'model.d_model': missing EQUAL"),
+}
+
+
+@pytest.mark.parametrize("args, expected", BAD.values(), ids=BAD.keys())
+def test_hydra_refusal_is_one_line_exit_2_and_creates_nothing(args, expected, tmp_path):
+    run_dir, sweep_dir = tmp_path / "run", tmp_path / "sweep"
+    proc = run_cli([*args, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={sweep_dir}"], timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(expected), proc.stderr
+    assert "+model.dmodel" not in proc.stderr and "search path" not in proc.stderr
+    assert not run_dir.exists() and not sweep_dir.exists()
+
+
+def test_full_error_keeps_hydras_own_message(tmp_path):
+    proc = run_cli(["norm=post_layernorm", f"hydra.run.dir={tmp_path / 'run'}"], timeout=60,
+                   env={"HYDRA_FULL_ERROR": "1"})
+    assert proc.returncode == 1
+    assert "Could not find 'norm/post_layernorm'" in proc.stderr and "Config search path" in proc.stderr
+    assert "Traceback" in proc.stderr
+
+
+def test_refusal_comes_before_torch():
+    code = ("import sys; sys.argv = ['train.py', 'norm=post_layernorm']\n"
+            "from blocklab.cli import main\n"
+            "try:\n    main()\nexcept SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["--cfg", "job", "norm=post_ln"],
+    ["--cfg", "job", "hydra/launcher=joblib", "+model.extra=1", "++logger.mode=online", "~model.dropout"],
+    ["--help"],
+], ids=["run", "launcher and +/++/~", "help"])
+def test_good_commands_still_work(args):
+    proc = run_cli(args, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "error:" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["-m", "sweep=pe_copy", "logger=none"],
+    ["-m", "hydra/launcher=joblib", "norm=glob(*)", "seed=range(0,3)", "hydra.sweep.dir=/tmp/unused"],
+    ["-m", "pos=rope,learned", "pos.max_len=64"],  # a key of one swept option: the sweep's job check decides
+    ["-m", "experiment=nanogpt_baby,nanogpt_baby_modern", "model.n_layers=2"],
+])
+def test_good_sweeps_pass_the_check(args):
+    assert command_line_error(args) is None
