@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from blocklab.errors import ConfigError
+from blocklab.overrides import names_the_job
 
 # What every run directory holds besides results.json: enough to rebuild and use the model.
 RESULTS_FILE, MODEL_FILE, TOKENIZER_FILE = "results.json", "model.json", "tokenizer.json"
@@ -19,8 +20,8 @@ METRICS = ("exact_match", "token_acc", "loss", "perplexity", "bits_per_char")  #
 
 def swept_overrides(overrides: list[str]) -> list[str]:
     """A sweep job's overrides that say what it varied (not which sweep it is, nor where it writes):
-    its W&B tags, and what the report lists as swept."""
-    return [o for o in overrides if not o.startswith(("sweep=", "hydra.", "run_dir="))]
+    its W&B tags, and what the report lists as swept. The same rule names the job's directory."""
+    return [o for o in overrides if names_the_job(o)]
 
 
 def _fmt(value) -> str:
