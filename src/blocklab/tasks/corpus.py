@@ -76,7 +76,9 @@ def builtin_text_file(cache_dir: Path) -> Path:
 
 
 def _load_text_files(files: list[Path], encoding_errors: str, cache_dir: Path) -> str:
-    from datasets import load_dataset
+    from datasets import disable_progress_bars, load_dataset
+
+    disable_progress_bars()  # "Generating train split" bars are noise in a run's console
 
     try:
         ds = load_dataset("text", data_files={"train": [str(f) for f in files]}, sample_by="document",
@@ -115,7 +117,9 @@ def load_corpus(data: dict, cache_dir: Path) -> Corpus:
 
 
 def _load_hub(data: dict, cache_dir: Path) -> dict[str, str]:
-    from datasets import load_dataset
+    from datasets import disable_progress_bars, load_dataset
+
+    disable_progress_bars()
 
     offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
     if not offline and not reachable(HUB_HOST):

@@ -20,6 +20,9 @@ class DivergenceGuard(Callback):
             trainer.should_stop = True
 
 
+SHORT_METRIC_NAMES = {"train/loss": "loss", "val/loss": "val"}
+
+
 class StepProgressBar(RichProgressBar):
     """Rich progress over optimizer steps (the training stream is endless, so epochs mean nothing).
     Redrawn 4 times a second: Lightning's default of 100 renders after nearly every small step,
@@ -27,7 +30,9 @@ class StepProgressBar(RichProgressBar):
     times what Lightning adds)."""
 
     def __init__(self, refresh_rate: int = 4, **kwargs):
-        super().__init__(refresh_rate=refresh_rate, **kwargs)
+        # Written to a file or pipe, Rich assumes 80 columns and wraps the bar onto a second line.
+        console = {} if sys.stdout.isatty() else {"width": 120}
+        super().__init__(refresh_rate=refresh_rate, console_kwargs=console, **kwargs)
 
     def _get_train_description(self, current_epoch: int) -> str:
         return "train"
@@ -35,7 +40,8 @@ class StepProgressBar(RichProgressBar):
     def get_metrics(self, trainer, pl_module):
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
-        return metrics
+        # Short names keep the bar on one 80-column line (a log file wraps a longer one).
+        return {SHORT_METRIC_NAMES.get(name, name): value for name, value in metrics.items()}
 
 
 class GracefulInterrupt(Callback):

@@ -19,8 +19,17 @@ def build_logger(cfg: DictConfig, run_dir: Path, name: str, job_type: str, group
             print(f"warning: W&B server {WANDB_HOST[0]} unreachable; logging offline instead "
                   f"(upload later with `wandb sync {run_dir}/wandb/offline-run-*`)", file=sys.stderr)
             mode = "offline"
-        return instantiate(cfg.logger, save_dir=str(run_dir), name=name, job_type=job_type, mode=mode,
-                           offline=mode == "offline", **grouping)
+        import wandb
+
+        # W&B's own console output (banners, history sparklines, sync hints) is replaced by one line.
+        logger = instantiate(cfg.logger, save_dir=str(run_dir), name=name, job_type=job_type, mode=mode,
+                             offline=mode == "offline", settings=wandb.Settings(silent=True), **grouping)
+        # Lightning always passes `anonymous`, which W&B (0.19+) warns about before any setting applies.
+        if logger._wandb_init.get("anonymous") is None:
+            logger._wandb_init.pop("anonymous", None)
+        if mode != "disabled":
+            print(f"W&B {mode} run: {Path(logger.experiment.dir).parent}")
+        return logger
     return instantiate(cfg.logger, save_dir=str(run_dir))
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -27,9 +28,13 @@ from blocklab.train.resume import resume_step, set_aside_checkpoints
 from blocklab.train.sweep import (in_sweep, job_overrides, relaunch_only_this_job, run_as_sweep_job,
                                   sweep_tags_and_group)
 
-# Lightning advertises its cloud products on every run; keep the console for the experiment.
+# A run's console is its progress and its results: not Lightning's advertisements, its report of
+# accelerators a CPU run does not use, or its note that max_steps was reached.
+LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "`Trainer.fit` stopped:")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-    lambda record: not str(record.msg).startswith("💡 Tip"))
+    lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER))
+# Lightning calls torch's deprecated pytree API on every fit; nothing a user can act on.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
 def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
