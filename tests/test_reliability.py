@@ -45,3 +45,33 @@ def test_bad_model_keys_are_one_line_errors_before_any_work(override, message, r
     lines = str(err.value).splitlines()
     assert len(lines) == 1 and lines[0].startswith(message)
     assert not run_dir.exists()
+
+
+def test_a_bad_override_common_to_every_sweep_job_is_one_line_and_creates_nothing(tmp_path):
+    from conftest import run_cli
+
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(["-m", "sweep=addition_format", "model.d_model=0", f"hydra.sweep.dir={sweep_dir}"])
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["error: model.d_model=0 must be a positive integer"]
+    assert not sweep_dir.exists()
+
+
+def test_an_impossible_sweep_job_is_listed_before_launch_recorded_invalid_and_never_retried(tmp_path):
+    from conftest import run_cli
+
+    sweep_dir = tmp_path / "sweep"
+    command = ["-m", "model.n_heads=3,4", "trainer=debug", "logger=none", "diagnostics=none", "task.eval_examples=8",
+               f"hydra.sweep.dir={sweep_dir}"]
+    first = run_cli(command)
+    assert first.returncode == 0, first.stderr
+    # the check of every job, before launch, lists it; then the job itself records why it did not run
+    assert ("warning: job model.n_heads=3,trainer=debug,task.eval_examples=8 is invalid and will be recorded as such, "
+            "not run: model.n_heads=3 does not divide model.d_model=64") in first.stderr
+    invalid, valid = (read_results(sweep_dir / job) for job in ("0", "1"))
+    assert invalid["status"] == "invalid" and "model.n_heads=3 does not divide" in invalid["error"]
+    assert valid["status"] == "completed"
+    again = run_cli(command)
+    assert again.returncode == 0 and "is invalid:" not in again.stderr
+    assert f"skip {sweep_dir / '0'}: already invalid" in again.stdout
+    assert list((sweep_dir / "0").glob("results.failed-*")) == []

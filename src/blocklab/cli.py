@@ -17,14 +17,29 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 def main() -> None:
     """The command line. Its overrides are checked first: a misspelled key or an unknown option is one line
     and exit 2, before Hydra creates a run directory. HYDRA_FULL_ERROR=1 shows Hydra's own message instead."""
-    if os.environ.get("HYDRA_FULL_ERROR") != "1":
-        from blocklab.overrides import command_line_error
+    from blocklab.overrides import command_line_error, is_multirun
 
+    if os.environ.get("HYDRA_FULL_ERROR") != "1":
         error = command_line_error(sys.argv[1:])
         if error is not None:
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2)
+    if is_multirun(sys.argv[1:]):
+        _check_every_job(sys.argv[1:])
     train()
+
+
+def _check_every_job(argv: list[str]) -> None:
+    """A multirun validates every job before the first starts (it imports torch: sweeps only)."""
+    from blocklab.overrides import command_line_overrides
+    from blocklab.train.sweep import check_sweep_jobs
+
+    try:
+        check_sweep_jobs(command_line_overrides(argv))
+    except ConfigError as err:
+        for line in str(err).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

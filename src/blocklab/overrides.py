@@ -241,3 +241,28 @@ def names_the_job(override: str) -> bool:
     Hydra decides it: not for the excluded keys, nor for Hydra's own (hydra.*, hydra/launcher)."""
     key = override.partition("=")[0].lstrip("+~").partition("@")[0]
     return key not in job_name_excluded_keys() and not key.startswith(("hydra.", "hydra/"))
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper makes them: the sweep file's `hydra.sweeper.params`,
+    then the command line (which wins for a key both set), every sweep expanded (glob included)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    parsed = _parse(overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        loader = _loader_with_search_path(parsed)
+        plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+        params = _compose(plain).hydra.sweeper.params or {}
+        lines = [f"{key}={value}" for key, value in params.items()] + list(overrides)
+        swept = OverridesParser.create(config_loader=loader).parse_overrides(lines)
+        return [list(job) for batch in BasicSweeper.split_arguments(swept, max_batch_size=None) for job in batch]
+
+
+def is_multirun(argv: list[str]) -> bool:
+    args = _hydra_args(argv)
+    return args is not None and bool(args.multirun)
+
+
+def command_line_overrides(argv: list[str]) -> list[str]:
+    args = _hydra_args(argv)
+    return [] if args is None else list(args.overrides)

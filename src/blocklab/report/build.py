@@ -212,15 +212,17 @@ def _per_task(rows: list[dict], compare: list[str]) -> list[tuple[str, list[dict
 
 
 def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
-    done = [r for r in rows if r["status"] != "failed"]
+    done = [r for r in rows if r["status"] in ("completed", "diverged")]
     failed = [r for r in rows if r["status"] == "failed"]
+    invalid = [r for r in rows if r["status"] == "invalid"]
     compare = spec.get("compare", [])
     parts = [f"<section id='{html.escape(name)}'><h2>{html.escape(name)}</h2>",
              f"<p class='question'><b>Question.</b> {html.escape(spec.get('question', ''))}</p>"]
     swept = "; ".join(f"{k} ∈ {{{', '.join(v)}}}" for k, v in _swept(done).items())
     task = sorted({str(r.get("task.name")) for r in done})
     steps = sorted({str(r.get("trainer.max_steps")) for r in done})
-    parts.append(f"<p><b>Setup.</b> {len(rows)} runs ({len(done)} finished, {len(failed)} failed); task "
+    parts.append(f"<p><b>Setup.</b> {len(rows)} runs ({len(done)} finished, {len(failed)} failed, "
+                 f"{len(invalid)} invalid configurations not run); task "
                  f"{', '.join(task)}; {', '.join(steps)} training steps; swept: {html.escape(swept) or '–'}.</p>")
     if done:
         header, body = table(done, compare)
@@ -244,9 +246,10 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
             shown.append(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged.")
         parts.append("<p><b>What the numbers show.</b></p><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in shown)
                      + "</ul>")
-    if failed:
-        parts.append("<p><b>Failed runs.</b></p><ul>" + "".join(
-            f"<li>{html.escape(Path(r['run']).name)}: {html.escape(str(r.get('error')))}</li>" for r in failed) + "</ul>")
+    for title, runs in (("Failed runs", failed), ("Invalid configurations (not run)", invalid)):
+        if runs:
+            parts.append(f"<p><b>{title}.</b></p><ul>" + "".join(
+                f"<li>{html.escape(Path(r['run']).name)}: {html.escape(str(r.get('error')))}</li>" for r in runs) + "</ul>")
     parts.append("</section>")
     return "\n".join(parts)
 

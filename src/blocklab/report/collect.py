@@ -45,7 +45,7 @@ def load_run(run_dir: Path) -> dict:
     row["task"] = results.get("task")
     row["overrides"] = dict(o.partition("=")[::2] for o in swept_overrides(results.get("overrides", [])))
     row.update(results.get("choices", {}))
-    if results["status"] == "failed":
+    if results["status"] in ("failed", "invalid"):  # nothing was measured
         return row
     evals = results["eval"]
     inside = [r for r in evals if r["in_distribution"]]

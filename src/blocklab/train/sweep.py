@@ -1,17 +1,23 @@
-"""A run as one job of a Hydra multirun: finished jobs are skipped, a failed one is tried again with
-the record of its failure kept, a failing one is recorded without stopping the sweep; plus the
-DDP re-launch of one job and its W&B grouping."""
+"""A run as one job of a Hydra multirun: every job's config is checked before the first starts; finished
+and invalid jobs are skipped, a failed one is tried again with the record of its failure kept, a failing
+one is recorded without stopping the sweep; plus the DDP re-launch of one job and its W&B grouping."""
+import json
 import os
 import sys
 import time
+from functools import cache
 from pathlib import Path
 from typing import Callable
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from blocklab.errors import ConfigError
 from blocklab.results import RESULTS_FILE, previous_status, read_results, swept_overrides, write_results
+
+# A job in one of these states is never run again: its result is final (invalid: its config cannot exist).
+FINAL_STATUSES = ("completed", "diverged", "invalid")
 
 
 def in_sweep() -> bool:
@@ -27,7 +33,7 @@ def run_as_sweep_job(cfg: DictConfig, train: Callable[[DictConfig], float | None
     None for a job that failed (recorded where its results would be). A single run fails loudly."""
     run_dir = Path(cfg.run_dir)
     status = previous_status(run_dir)
-    if status in ("completed", "diverged") and in_sweep():
+    if status in FINAL_STATUSES and in_sweep():
         print(f"skip {run_dir}: already {status}")
         return read_results(run_dir).get("final_val_loss")
     if status == "failed":  # keep the record of the failure, then try again
@@ -37,6 +43,13 @@ def run_as_sweep_job(cfg: DictConfig, train: Callable[[DictConfig], float | None
     environ = dict(os.environ)
     try:
         return train(cfg)
+    except ConfigError as err:  # listed before launch (check_sweep_jobs); recorded so a relaunch skips it
+        message = " | ".join(str(err).splitlines())
+        print(f"error: job {run_dir} is invalid: {message}", file=sys.stderr)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_results(run_dir, {"status": "invalid", "error": message, "task": cfg.task.name,
+                                "overrides": job_overrides()})
+        return None
     except Exception as err:  # a sweep goes on; the failure is recorded where the results would be
         message = f"{type(err).__name__}: {err}".splitlines()[0][:500]
         print(f"error: job {run_dir} failed: {message}", file=sys.stderr)
@@ -70,3 +83,65 @@ def sweep_tags_and_group(groups: dict) -> dict:
     launch = time.strftime("%Y%m%d-%H%M%S", time.localtime(marker.stat().st_mtime)) if marker.exists() else "run"
     tags = swept_overrides(hydra_cfg.overrides.task)
     return {"group": f"{study['name']}-{launch}", "tags": [t[:64] for t in tags]}
+
+
+def check_sweep_jobs(overrides: list[str]) -> None:
+    """Validate every job of a multirun before the first starts. No valid job: ConfigError with the problems
+    (once each, so a mistake common to all jobs is one line), and nothing is created. Some invalid: they
+    are listed now, and each is recorded as 'invalid' when its turn comes."""
+    from hydra import compose, initialize_config_dir
+
+    from blocklab.cli import CONF_DIR
+    from blocklab.overrides import names_the_job, sweep_jobs
+
+    jobs = sweep_jobs(overrides)
+    problems: dict[str, list[str]] = {}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        for job in jobs:
+            settings = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+            errors = _job_errors(OmegaConf.to_container(compose("config", [*settings, "run_dir=unused"]),
+                                                        resolve=True))
+            if errors:
+                problems[",".join(o for o in job if names_the_job(o))] = errors
+    if len(problems) == len(jobs):
+        raise ConfigError("\n".join(dict.fromkeys(line for lines in problems.values() for line in lines)))
+    for job, errors in problems.items():
+        print(f"warning: job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}",
+              file=sys.stderr)
+
+
+def _job_errors(groups: dict) -> list[str]:
+    """What Setup.from_config and the run checks would refuse in one job's config, without its data."""
+    from blocklab.experiment import is_seq2seq
+    from blocklab.model import ModelConfig
+    from blocklab.train.checks import training_errors
+
+    try:
+        seq2seq = is_seq2seq(groups["model"]["arch"])
+        errors = _task_errors(_frozen(groups["task"]), seq2seq) + training_errors(groups)
+        if errors:
+            return errors
+        vocab_size, max_len = _task_shape(_frozen(groups["task"]), groups["seed"], seq2seq)
+        return ModelConfig.from_groups(groups, vocab_size=vocab_size, max_len=max_len).errors()
+    except ConfigError as err:
+        return str(err).splitlines()
+
+
+def _frozen(task: dict) -> str:
+    return json.dumps(task, sort_keys=True)
+
+
+@cache
+def _task_errors(task: str, seq2seq: bool) -> list[str]:
+    from blocklab.tasks import task_errors
+
+    return task_errors(json.loads(task), seq2seq)
+
+
+@cache
+def _task_shape(task: str, seed: int, seq2seq: bool) -> tuple[int, int]:
+    """The vocabulary and longest sequence a task config gives (built once per distinct task: an LM reads its corpus)."""
+    from blocklab.tasks import build_task
+
+    built = build_task(json.loads(task), seed, seq2seq)
+    return built.vocab_size, built.max_seq_len
