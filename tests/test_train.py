@@ -188,7 +188,7 @@ def test_gradient_clipping_bounds_the_update_in_every_precision(precision):
     import torch
     from lightning.pytorch.callbacks import Callback
 
-    from blocklab.bench.common import OPTIM, baby_config, batches
+    from blocklab.bench.common import baby_config, baby_optim, batches
     from blocklab.train.module import LitTransformer
 
     clip = 0.05
@@ -210,7 +210,7 @@ def test_gradient_clipping_bounds_the_update_in_every_precision(precision):
             return config
 
     torch.manual_seed(0)
-    lit = Lit(baby_config(n_layers=1, d_model=32, d_ff=64, block=16), {**OPTIM}, [])
+    lit = Lit(baby_config(n_layers=1, d_model=32, d_ff=64, block=16), baby_optim(), [])
     trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0, gradient_clip_val=clip, precision=precision,
                         callbacks=[Recorder()])
