@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 from blocklab.errors import ConfigError
 from blocklab.experiment import Setup
@@ -24,7 +25,12 @@ def main(argv=None) -> None:
         setup = Setup.from_run_dir(args.run_dir)
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
-    model, tokenizer = setup.trained_model(), setup.saved_tokenizer()
+    tokenizer = setup.saved_tokenizer()
+    unknown_error = unknown_characters_error(tokenizer, args.prompt)
+    if unknown_error:
+        print(f"error: {unknown_error}", file=sys.stderr)
+        raise SystemExit(2)
+    model = setup.trained_model()
     ids = tokenizer.encode(args.prompt).ids
     eos = tokenizer.token_to_id("<eos>")
     if not ids:
@@ -37,6 +43,26 @@ def main(argv=None) -> None:
     if eos in new:
         new = new[: new.index(eos) + 1]
     sys.stdout.write(args.prompt + tokenizer.decode(new, skip_special_tokens=False) + "\n")
+
+
+def unknown_characters_error(tokenizer: Tokenizer, prompt: str) -> str | None:
+    """The prompt's characters the tokenizer maps to its unknown token (the copy task's <pad>, a char LM's
+    <unk> without byte fallback): the model would never see them. Byte-level vocabularies have no unknown."""
+    unk = getattr(tokenizer.model, "unk_token", None)
+    if unk is None:
+        return None
+    unk_id = tokenizer.token_to_id(unk)
+    encoding = tokenizer.encode(prompt)
+    pieces = (prompt[start:end] for token_id, (start, end) in zip(encoding.ids, encoding.offsets) if token_id == unk_id)
+    unknown = dict.fromkeys(piece for piece in pieces if piece != unk)  # the unk token typed whole is no loss
+    if not unknown:
+        return None
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    chars = "".join(token for token, _ in vocab if len(token) == 1)
+    specials = " ".join(token for token, _ in vocab if len(token) > 1 and token != unk)
+    known = repr(chars if len(chars) <= 60 else chars[:60] + "...") + (f" and {specials}" if specials else "")
+    return (f"--prompt has characters this run's tokenizer does not know: {' '.join(map(repr, unknown))} "
+            f"(it knows {known})")
 
 
 if __name__ == "__main__":

@@ -86,8 +86,11 @@ def print_summary(results: dict, path: Path, console: Console | None = None) -> 
              f"attn={choices['attn']} heads={choices['n_heads']} init={choices['init']}")
     lo, hi = results["train_lengths"]
     trained = f"{lo}-{hi}" if lo != hi else str(lo)
-    table = Table(title=title, caption=f"trained on length {trained}; exact match = greedy generation of the whole answer")
     metrics = [m for m in METRICS if any(row.get(m) is not None for row in results["eval"])]
+    caption = f"trained on length {trained}"
+    if "exact_match" in metrics:  # LM runs have no exact match column to explain
+        caption += "; exact match = greedy generation of the whole answer"
+    table = Table(title=title, caption=caption)
     for column in ("length", "trained on", *(m.replace("_", " ") for m in metrics), "n"):
         table.add_column(column, justify="right")
     for row in results["eval"]:
