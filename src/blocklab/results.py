@@ -3,8 +3,10 @@ import errno
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -79,27 +81,34 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return flat
 
 
+def console_kwargs() -> dict:
+    """Written to a file or pipe, Rich assumes 80 columns and wraps a run's lines mid-value: allow 120."""
+    return {} if sys.stdout.isatty() else {"width": 120}
+
+
+# Column headers that say what a metric is where its name alone would not (LM runs have no exact match).
+METRIC_HEADERS = {"exact_match": "exact match (greedy)", "token_acc": "token acc", "bits_per_char": "bits/char"}
+
+
 def print_summary(results: dict, path: Path, console: Console | None = None) -> None:
-    console = console or Console()
+    """The run's result table and one status line: a dozen lines, so a run's console stays readable."""
+    console = console or Console(**console_kwargs())
     choices = results["choices"]
-    title = (f"{results['task']}: norm={choices['norm']} pos={choices['pos']} act={choices['act']} "
-             f"attn={choices['attn']} heads={choices['n_heads']} init={choices['init']}")
     lo, hi = results["train_lengths"]
     trained = f"{lo}-{hi}" if lo != hi else str(lo)
+    title = (f"{results['task']} (trained on length {trained}): norm={choices['norm']} pos={choices['pos']} "
+             f"act={choices['act']} attn={choices['attn']} heads={choices['n_heads']} init={choices['init']}")
     metrics = [m for m in METRICS if any(row.get(m) is not None for row in results["eval"])]
-    caption = f"trained on length {trained}"
-    if "exact_match" in metrics:  # LM runs have no exact match column to explain
-        caption += "; exact match = greedy generation of the whole answer"
-    table = Table(title=title, caption=caption)
-    for column in ("length", "trained on", *(m.replace("_", " ") for m in metrics), "n"):
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ("length", "trained on", *(METRIC_HEADERS.get(m, m.replace("_", " ")) for m in metrics), "n"):
         table.add_column(column, justify="right")
     for row in results["eval"]:
         cells = [_fmt(row.get(m)) for m in metrics]
         table.add_row(str(row["length"]), "yes" if row["in_distribution"] else "no", *cells, str(row["n"]),
                       style=None if row["in_distribution"] else "yellow")
+    console.print(title, soft_wrap=True)  # the table's own title would wrap at the table's width
     console.print(table)
     diverged = f" at step {results['diverged_at_step']}" if results["diverged_at_step"] is not None else ""
     console.print(f"status: {results['status']}{diverged} | params {results['params']:,} | steps {results['steps']} | "
                   f"{results['train_time_s']:.1f} s | {results['tokens_per_s']:,.0f} tokens/s | "
-                  f"final train loss {_fmt(results['final_train_loss'])}")
-    console.print(f"results: {path}")
+                  f"final train loss {_fmt(results['final_train_loss'])} | results: {path}", soft_wrap=True)

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback, RichProgressBar
 
+from blocklab.results import console_kwargs
+
 
 class DivergenceGuard(Callback):
     """Stops training at the first non-finite loss, or one above `max_loss`, and remembers the step."""
@@ -30,9 +32,7 @@ class StepProgressBar(RichProgressBar):
     times what Lightning adds)."""
 
     def __init__(self, refresh_rate: int = 4, **kwargs):
-        # Written to a file or pipe, Rich assumes 80 columns and wraps the bar onto a second line.
-        console = {} if sys.stdout.isatty() else {"width": 120}
-        super().__init__(refresh_rate=refresh_rate, console_kwargs=console, **kwargs)
+        super().__init__(refresh_rate=refresh_rate, console_kwargs=console_kwargs(), **kwargs)
 
     def _get_train_description(self, current_epoch: int) -> str:
         return "train"
