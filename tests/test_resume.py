@@ -2,13 +2,16 @@
 uninterrupted one does; bad checkpoints are clear errors, never a silent restart."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from lightning.pytorch.callbacks import Callback
 
+import blocklab.train.run as run_module
 from blocklab.errors import ConfigError
 from blocklab.results import read_results
 from blocklab.train.run import prepare
@@ -73,3 +76,69 @@ def test_resume_false_starts_afresh_and_keeps_old_checkpoints(unfinished_run):
     run_in_process([*FAST, "resume=false", "optim.lr=0.01"], unfinished_run)
     assert read_results(unfinished_run)["status"] == "completed"
     assert len(list(unfinished_run.glob("checkpoints.old-*/last.ckpt"))) == 1
+
+
+def test_every_result_changing_difference_is_named_and_nothing_else(unfinished_run):
+    with pytest.raises(ConfigError) as refused:
+        prepare(compose_config([*FAST, "optim.lr=0.01", "model.dropout=0.1", "logger=csv"], unfinished_run))
+    listed = re.search(r"different config \((.*)\); ", str(refused.value)).group(1)
+    assert listed.split("; ") == ["model.dropout: 0.0 -> 0.1", "optim.lr: 0.003 -> 0.01"]
+
+
+STEP_CALLBACKS = run_module.step_callbacks
+
+
+def with_callbacks(monkeypatch, *extra: Callback) -> None:
+    """Runs started in this process get `extra` callbacks besides their own (replacing earlier extras)."""
+    monkeypatch.setattr(run_module, "step_callbacks", lambda *args, **kwargs: [*STEP_CALLBACKS(*args, **kwargs), *extra])
+
+
+class InterruptAt(Callback):
+    """Stops the run after `step` as Ctrl-C or SIGTERM would: it raises the flag Lightning checks after each step."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            trainer._signal_connector.received_sigterm = True
+
+
+class StallAt(Callback):
+    """Spends `seconds` inside training step `step`: a known least amount of training time."""
+
+    def __init__(self, step: int, seconds: float):
+        self.step, self.seconds = step, seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            time.sleep(self.seconds)
+
+
+def interrupt(monkeypatch, overrides: list[str], run_dir, step: int, *extra: Callback) -> None:
+    with_callbacks(monkeypatch, InterruptAt(step), *extra)
+    with pytest.raises(SystemExit, match="143"):
+        run_in_process(overrides, run_dir)
+    assert not (run_dir / "results.json").exists()
+
+
+def test_logger_diagnostics_and_checkpoint_schedule_may_change_on_resume(tmp_path, monkeypatch):
+    """None of them changes results (diagnostics measure in eval mode and leave the random state alone)."""
+    interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
+    before = [*FAST, "diagnostics.every_n_steps=5", "checkpoint_every=5"]
+    interrupt(monkeypatch, before, interrupted, step=12)
+    with_callbacks(monkeypatch)
+    run_in_process([*FAST, "logger=csv", "diagnostics.every_n_steps=3", "diagnostics.attention_maps=none",
+                    "checkpoint_every=7"], interrupted)
+    run_in_process(before, straight)
+    assert comparable(read_results(interrupted)) == comparable(read_results(straight))
+
+
+def test_train_time_and_throughput_count_the_part_before_the_interrupt(tmp_path, monkeypatch):
+    run_dir, before, after = tmp_path / "run", 3.0, 1.0
+    interrupt(monkeypatch, FAST, run_dir, 12, StallAt(5, before))
+    with_callbacks(monkeypatch, StallAt(15, after))
+    run_in_process(FAST, run_dir)
+    results = read_results(run_dir)
+    assert results["train_time_s"] >= before + after
+    assert results["ms_per_step"] * results["steps"] / 1000 >= before + after

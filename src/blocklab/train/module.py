@@ -46,14 +46,28 @@ class LitTransformer(L.LightningModule):
         self.val_loss_beyond = MeanMetric()
         self.tokens_seen = 0
         self.step_time_s = 0.0
+        self.train_time_s = 0.0  # wall time in fit, counted up to the last checkpoint or the end of fit
+        self._clock = 0.0  # when train_time_s was last brought up to date
         self._window_tokens, self._window_time, self._step_start = 0, 0.0, 0.0
         self.last_train_loss = float("nan")
         self.target_loss, self.steps_to_target = target_loss, None
 
-    # Running totals survive a resume, so results match an uninterrupted run.
-    TOTALS = ("tokens_seen", "step_time_s", "last_train_loss", "steps_to_target")
+    # Running totals survive a resume, so results (train time and throughput too) are the whole run's.
+    TOTALS = ("tokens_seen", "step_time_s", "train_time_s", "last_train_loss", "steps_to_target")
+
+    def _count_train_time(self) -> None:
+        now = time.perf_counter()
+        self.train_time_s += now - self._clock
+        self._clock = now
+
+    def setup(self, stage):
+        self._clock = time.perf_counter()  # fit's first hook: its setup and the first diagnostics count too
+
+    def on_fit_end(self):
+        self._count_train_time()
 
     def on_save_checkpoint(self, checkpoint):
+        self._count_train_time()  # a resume goes on from this checkpoint, and from the time spent up to it
         checkpoint["blocklab"] = {name: getattr(self, name) for name in self.TOTALS}
 
     def on_load_checkpoint(self, checkpoint):

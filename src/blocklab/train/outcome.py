@@ -32,8 +32,9 @@ def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8) -> dic
     return {"kv_cache_bytes_per_token": bytes_per_token, "tokens_per_s": batch * new_tokens / elapsed}
 
 
-def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, train_time_s: float, picked: dict) -> dict:
-    """Evaluate the trained model (`lit`, a LitTransformer) and gather what the run measured."""
+def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: dict) -> dict:
+    """Evaluate the trained model (`lit`, a LitTransformer) and gather what the run measured. Times and
+    throughput are the whole run's, the part before a resume included (`lit` carries them across)."""
     rows = task.evaluate(lit.model)
     in_dist = [r["loss"] for r in rows if r["in_distribution"] and r["loss"] is not None]
     return {
@@ -42,7 +43,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, train_tim
         "choices": picked,
         "params": lit.model.num_params(),
         "steps": steps,
-        "train_time_s": round(train_time_s, 3),
+        "train_time_s": round(lit.train_time_s, 3),
         "tokens_per_s": lit.tokens_seen / lit.step_time_s if lit.step_time_s else 0.0,
         "ms_per_step": 1000 * lit.step_time_s / max(1, steps),
         "final_train_loss": lit.last_train_loss,

@@ -7,14 +7,24 @@ import torch
 from omegaconf import OmegaConf
 
 from blocklab.errors import ConfigError
+from blocklab.overrides import job_name_excluded_keys
 from blocklab.results import CHECKPOINT, flatten
 
-IGNORED_KEYS = {"run_dir", "resume"}  # may differ between the interrupted and the resumed command
+
+def changes_results(key: str) -> bool:
+    """Whether a config key (`optim.lr`) can change what a run computes, so that changing it refuses a resume.
+    The rule is the one that keeps keys out of sweep job names (logger, diagnostics, checkpoint_every, resume,
+    run_dir do not change results); a group listed there takes all its keys with it, `+logger.entity` too.
+    Configs are compared resolved, so a listed knob that other keys derive from (study.scale) still refuses
+    through them (trainer.max_steps). Hydra's own settings are not in the config."""
+    parts = key.split(".")
+    return not any(".".join(parts[:depth]) in job_name_excluded_keys() for depth in range(1, len(parts) + 1))
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
+    """Every key that changes results and differs, as `optim.lr: 0.003 -> 0.01`."""
     old, new = flatten(saved), flatten(current)
-    keys = sorted((set(old) | set(new)) - IGNORED_KEYS)
+    keys = sorted(k for k in set(old) | set(new) if changes_results(k))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
@@ -28,7 +38,7 @@ def resume_step(run_dir: Path, groups: dict) -> int | None:
         saved = OmegaConf.to_container(OmegaConf.load(saved_path))
         diffs = config_differences(saved, groups)
         if diffs:
-            raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs[:3])}); "
+            raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
                               "use another hydra.run.dir, or resume=false to start this one afresh")
     try:
         state = torch.load(ckpt, map_location="cpu", weights_only=False)

@@ -3,7 +3,6 @@ The pieces live beside it: checks.py, sweep.py (a run as a sweep job), loggers.p
 import dataclasses
 import logging
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -94,20 +93,18 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     val_loader = DataLoader(task.validation_batches(), batch_size=None)
     if start_step is not None:
         print(f"resuming {run_dir} from step {start_step}")
-    start = time.perf_counter()
     try:
         trainer.fit(lit, train_loader, val_loader, ckpt_path=run_dir / CHECKPOINT if start_step is not None else None)
     except SIGTERMException:
         print(f"interrupted at step {trainer.global_step}; checkpoint saved in {run_dir / CHECKPOINT.parent}. "
               "Run the same command again to resume.", file=sys.stderr)
         raise SystemExit(143) from None
-    train_time = time.perf_counter() - start
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # the next job of a sweep starts its own group
     if not trainer.is_global_zero:
         return None  # rank 0 evaluates and writes the results
 
-    results = outcome(task, lit, guard.diverged_at_step, trainer.global_step, train_time, picked)
+    results = outcome(task, lit, guard.diverged_at_step, trainer.global_step, picked)
     if groups.get("study"):
         results["study"] = groups["study"]["name"]
         if in_sweep():
