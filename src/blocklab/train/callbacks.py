@@ -32,7 +32,8 @@ class StepProgressBar(RichProgressBar):
     times what Lightning adds)."""
 
     def __init__(self, refresh_rate: int = 4, **kwargs):
-        super().__init__(refresh_rate=refresh_rate, console_kwargs=console_kwargs(), **kwargs)
+        kwargs["console_kwargs"] = {**console_kwargs(), **kwargs.get("console_kwargs", {})}
+        super().__init__(refresh_rate=refresh_rate, **kwargs)
 
     def _get_train_description(self, current_epoch: int) -> str:
         return "train"
