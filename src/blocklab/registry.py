@@ -95,12 +95,17 @@ class Registry(Generic[T]):
         return errs
 
 
+def is_number(value: Any) -> bool:
+    """An int or float, but not a bool (which Python counts as an int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def same_kind(value: Any, default: Any) -> bool:
     """A bool option takes a bool; a numeric one any number but a bool; a string one a string."""
     if isinstance(default, bool):
         return isinstance(value, bool)
     if isinstance(default, (int, float)):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return is_number(value)
     if isinstance(default, str):
         return isinstance(value, str)
     return True

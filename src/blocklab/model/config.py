@@ -13,6 +13,7 @@ from blocklab.model.init import INIT_SCHEMES
 from blocklab.model.norm import NORM_TYPES, PLACEMENTS, norm_name
 from blocklab.model.position import POSITION_SCHEMES
 from blocklab.model.transformer import ARCHITECTURES
+from blocklab.registry import is_number
 
 SUBGROUPS = ("norm", "pos", "attn", "act", "init")  # ModelConfig fields filled from their own yaml groups
 
@@ -155,7 +156,7 @@ class ModelConfig:
                         f"use one of {divisors}")
         if not 0 <= self.dropout < 1:
             errs.append(f"model.dropout={self.dropout} must be in [0, 1)")
-        if not (isinstance(self.norm.eps, (int, float)) and not isinstance(self.norm.eps, bool) and self.norm.eps > 0):
+        if not (is_number(self.norm.eps) and self.norm.eps > 0):
             errs.append(f"norm.eps={self.norm.eps!r} must be a positive number (it keeps the norm's division finite)")
         for registry, name in ((ARCHITECTURES, self.arch), (NORM_TYPES, self.norm.type),
                                (PLACEMENTS, self.norm.placement), (ACTIVATIONS, self.act.name),
@@ -173,7 +174,7 @@ class ModelConfig:
             errs.append(f"attn.window={self.attn.window} must be a positive integer, or null for full attention")
         scale = self.attn.scale
         if not (scale is None or scale in ("default", "none")
-                or (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0)):
+                or (is_number(scale) and scale > 0)):
             errs.append(f"attn.scale={scale!r} must be null (1/sqrt(d_head)), 'none' (1) or a positive number")
         if self.attn.kind not in ATTENTION_KINDS:
             return errs + [ATTENTION_KINDS.unknown(self.attn.kind)]

@@ -3,6 +3,7 @@ import difflib
 from pathlib import Path
 
 from blocklab.errors import ConfigError
+from blocklab.registry import is_number
 from blocklab.results import RESULTS_FILE, previous_status
 
 # trainer.precision values BlockLab trains correctly (Lightning's spellings) -> the name results.json records.
@@ -11,12 +12,8 @@ PRECISIONS = {"32-true": "32-true", "32": "32-true", 32: "32-true", "bf16-mixed"
 WANDB_MODES = ("offline", "online", "disabled")
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _positive(value) -> bool:
-    return _number(value) and value > 0
+    return is_number(value) and value > 0
 
 
 def _positive_int(value) -> bool:
@@ -35,14 +32,14 @@ def training_errors(groups: dict) -> list[str]:
     optim = groups["optim"]
     if not _positive(optim.get("lr")):
         errs.append(f"optim.lr={optim.get('lr')!r} must be a positive number")
-    elif not (_number(optim.get("min_lr")) and 0 <= optim["min_lr"] <= optim["lr"]):
+    elif not (is_number(optim.get("min_lr")) and 0 <= optim["min_lr"] <= optim["lr"]):
         errs.append(f"optim.min_lr={optim.get('min_lr')!r} must be between 0 and optim.lr={optim['lr']}")
     if not isinstance(optim.get("warmup_steps"), int) or optim["warmup_steps"] < 0:
         errs.append(f"optim.warmup_steps={optim.get('warmup_steps')!r} must be a non-negative integer")
     betas = optim.get("betas")
-    if not (isinstance(betas, list) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)):
+    if not (isinstance(betas, list) and len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas)):
         errs.append(f"optim.betas={betas!r} must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.99]")
-    if not (_number(optim.get("weight_decay")) and optim["weight_decay"] >= 0):
+    if not (is_number(optim.get("weight_decay")) and optim["weight_decay"] >= 0):
         errs.append(f"optim.weight_decay={optim.get('weight_decay')!r} must be a number >= 0 (0: no decay)")
     clip = groups["trainer"].get("gradient_clip_val")
     if clip is not None and not _positive(clip):
