@@ -62,6 +62,11 @@ class Attention(nn.Module):
         """An empty decoding state for this layer (what it keeps between decoding steps)."""
         raise NotImplementedError(f"attn.kind={self.registry_name} cannot decode step by step")
 
+    def rotate(self, q: Tensor, k: Tensor, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
+        """The position scheme's rotation (RoPE) of the new queries and keys, before `attend`. A kind that
+        applies it elsewhere (linear attention: to its feature-mapped queries and keys) overrides this."""
+        return ctx.position_scheme.rotate(q, k, ctx.positions)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, state: LayerState | None) -> Tensor:
         """(B, H, Tq, d_head) queries, (B, H_kv, Tk, d_head) keys and values of the new tokens (and the
         state held from earlier steps, if decoding) -> (B, H, Tq, d_head). When `ctx.need_weights`
@@ -90,7 +95,7 @@ class Attention(nn.Module):
             # (B, T, .) instead of also copying a transposed (B, T, heads, d_head).
             q, k, v = (self._heads(part) for part in self.qkv_proj(x).split(self.qkv_sizes, dim=-1))
             q, k = _normed(q, self.q_norm), _normed(k, self.k_norm)
-            q, k = ctx.position_scheme.rotate(q, k, ctx.positions)
+            q, k = self.rotate(q, k, ctx)
             if ctx.cache is not None:
                 state = ctx.cache.state(layer, self.new_state)
         else:
