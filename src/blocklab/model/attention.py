@@ -50,6 +50,11 @@ class Attention(nn.Module):
         return cls.registry_name
 
     @classmethod
+    def derived_options(cls, cfg) -> dict:
+        """Values of options left null ('derive it') in the config, from the model config (a ModelConfig)."""
+        return {}
+
+    @classmethod
     def errors(cls, cfg, options: dict) -> list[str]:
         """Constraints on the model config and this kind's options, one line each naming key and fix."""
         return []
@@ -173,8 +178,10 @@ class SoftmaxAttention(Attention):
 
 def build_attention(cfg) -> Attention:
     """The configured kind for one layer of a ModelConfig."""
-    return ATTENTION_KINDS[cfg.attn.kind](cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head),
-                                          cfg.attn.qk_norm, cfg.dropout, cfg.bias, **cfg.attn.options)
+    kind = ATTENTION_KINDS[cfg.attn.kind]
+    options = {**kind.derived_options(cfg), **{k: v for k, v in cfg.attn.options.items() if v is not None}}
+    return kind(cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head), cfg.attn.qk_norm,
+                cfg.dropout, cfg.bias, **options)
 
 
 def _normed(x: Tensor, norm: nn.Module | None) -> Tensor:
