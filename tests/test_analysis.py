@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from blocklab.analysis import metrics
+from blocklab.analysis import metrics, plots
 from blocklab.analysis.probe import forward_stats, probe_gradients
 from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import AttnConfig, InitConfig, NormConfig, PosConfig
@@ -154,23 +154,138 @@ def test_diagnostics_do_not_change_training(tmp_path):
     assert diag["init"]["step"] == 0 and diag["end"]["step"] == 20
     history = json.loads((tmp_path / "on" / "diagnostics" / "history.json").read_text())
     assert [h["step"] for h in history] == [0, 5, 10, 15, 20]
-    assert (tmp_path / "on" / "diagnostics" / "attention_end_layer1.png").exists()
+    maps = sorted(p.name for p in (tmp_path / "on" / "diagnostics").glob("attention_*.png"))
+    assert maps == ["attention_end.png", "attention_init.png", "attention_step10.png", "attention_step15.png",
+                    "attention_step5.png"]  # one figure per measurement, not one per layer
 
 
-def test_analyze_cli_init_and_run(tmp_path):
-    out = tmp_path / "init"
-    proc = subprocess.run([sys.executable, "-m", "blocklab.analyze", "--init", "norm=post_ln", "model.n_layers=3",
-                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    analysis = json.loads((out / "diagnostics" / "analysis.json").read_text())
-    assert len(analysis["layers"]) == 3 and len(analysis["gradients"]) == 3
-    assert analysis["layers"][0]["spectral_prenorm_bound"] is None  # post-LN
-    assert len(list((out / "diagnostics").glob("attention_init_layer*.png"))) == 3
-
-    run_dir = tmp_path / "run"
-    run_in_process(["trainer=debug", "logger=none", "task.eval_examples=16", "diagnostics=none"], run_dir)
-    proc = subprocess.run([sys.executable, "-m", "blocklab.analyze", str(run_dir)], cwd=ROOT, capture_output=True,
+def analyze(*args):
+    proc = subprocess.run([sys.executable, "-m", "blocklab.analyze", *map(str, args)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    trained = json.loads((run_dir / "diagnostics" / "analysis.json").read_text())
+    assert proc.stderr == ""  # quiet: only the paths it wrote
+    return proc.stdout.splitlines()
+
+
+def test_analyze_cli_init(tmp_path):
+    out = tmp_path / "init"
+    lines = analyze("--init", "norm=post_ln", "model.n_layers=3", "--out", out)
+    diag = out / "diagnostics"
+    assert lines == [f"wrote {diag / name}" for name in ("analysis.json", "attention_init.png", "layers_init.png")]
+    analysis = json.loads((diag / "analysis.json").read_text())
+    assert len(analysis["layers"]) == 3 and len(analysis["gradients"]) == 3
+    assert analysis["layers"][0]["spectral_prenorm_bound"] is None  # post-LN
+    assert [p.name for p in diag.glob("attention*.png")] == ["attention_init.png"]  # one figure, all layers
+
+
+@pytest.fixture(scope="module")
+def analyzed_run(tmp_path_factory):
+    """A debug run with diagnostics at steps 0, 10, 20, then `analyze RUN_DIR`: (run_dir, printed lines)."""
+    run_dir = tmp_path_factory.mktemp("analyze") / "run"
+    run_in_process(["trainer=debug", "logger=none", "task.eval_examples=16", "diagnostics.every_n_steps=10"], run_dir)
+    return run_dir, analyze(run_dir)
+
+
+def test_analyze_run_prints_each_figure_it_writes(analyzed_run):
+    run_dir, lines = analyzed_run
+    diag = run_dir / "diagnostics"
+    names = ["analysis.json", "attention_trained.png", "layers_trained.png", "history.png"]
+    assert lines == [f"wrote {diag / name}" for name in names]
+    assert all((diag / name).stat().st_size > 0 for name in names)
+    trained = json.loads((diag / "analysis.json").read_text())
     assert trained["tag"] == "trained" and len(trained["layers"]) == 2
+
+
+def clipped_texts(fig) -> list[str]:
+    """Texts (titles, labels, legends, tick labels) that reach outside the figure once drawn."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    inside = fig.bbox.padded(1)  # a pixel of rounding
+    # tick labels are checked through the tight bbox: Text objects of ticks outside the view are kept, not drawn
+    ticks = {id(t) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
+             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for t in (tick.label1, tick.label2)}
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text() and id(t) not in ticks]
+    out = [t.get_text() for t in texts if not _within(t.get_window_extent(renderer), inside)]
+    drawn = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # inches -> pixels
+    return out + ([] if _within(drawn, inside) else ["tick labels"])
+
+
+def _within(box, outer) -> bool:
+    return outer.x0 <= box.x0 and outer.y0 <= box.y0 and box.x1 <= outer.x1 and box.y1 <= outer.y1
+
+
+def test_the_clipping_check_catches_a_clipped_label():
+    fig = plots.new_figure(3, 2)
+    fig.set_layout_engine("none")  # the layout would make room for it
+    ax = fig.add_subplot()
+    ax.set_xlabel("key position", labelpad=100)  # pushed below the figure
+    assert "key position" in clipped_texts(fig)
+
+
+def test_attention_figure_is_a_layers_by_heads_grid_with_one_colour_scale(copy_task):
+    m = model(copy_task, n_layers=3, n_heads=2)
+    weights = forward_stats(m, copy_task.probe_batch(4), keep_weights=True)["weights"]
+    fig = plots.attention_figure(weights, "attention (test)")
+    maps = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in maps] == [f"layer {i}, head {h}" for i in range(3) for h in range(2)]
+    images = [ax.images[0] for ax in maps]
+    assert len({id(im.norm) for im in images}) == 1  # one shared colour scale
+    [bar] = [im.colorbar for im in images if im.colorbar is not None]
+    assert bar.ax in fig.axes and len(fig.axes) == 3 * 2 + 1 and bar.norm is images[0].norm
+    assert bar.ax.get_ylabel().startswith("attention weight")
+    for ax, w in zip(maps, (w[h] for w in weights for h in range(2))):
+        assert torch.equal(torch.as_tensor(ax.images[0].get_array()), w)
+    assert {ax.get_xlabel() for ax in maps[-2:]} == {"key position"}
+    assert {ax.get_ylabel() for ax in maps[::2]} == {"query position"}
+    assert clipped_texts(fig) == []
+
+
+def lines_by_title(fig) -> dict:
+    """{panel title: {line label: y values}}."""
+    return {ax.get_title(): {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+            for ax in fig.axes if ax.get_visible() and ax.get_title()}
+
+
+def test_layer_figure_shows_the_measured_numbers_one_point_per_layer(analyzed_run):
+    run_dir, _ = analyzed_run
+    stats = json.loads((run_dir / "diagnostics" / "analysis.json").read_text())
+    fig = plots.layer_figure(stats, "per-layer (test)")
+    panels = lines_by_title(fig)
+    layers, grads = stats["layers"], stats["gradients"]
+    expected = {
+        "gradient norm per sublayer": {"attention": [g["attn"] for g in grads], "FFN": [g["ffn"] for g in grads]},
+        "activation RMS (block output)": {"block output": [r["activation_rms"] for r in layers]},
+        "rank collapse": {"Frobenius": [r["relative_residual"]["fro"] for r in layers]},
+        "attention entropy": {"mean over heads": [sum(r["attention_entropy"]) / 4 for r in layers]},
+        "attention spectral norm": {"measured": [max(r["spectral_norm_max"]) for r in layers]},
+        "FFN sparsity": {"FFN hidden": [r["ffn_sparsity"] for r in layers]},
+    }
+    for title, lines in expected.items():
+        for label, values in lines.items():
+            assert panels[title][label] == pytest.approx(values), (title, label)
+    assert panels["activation RMS (block output)"]["embedding"] == pytest.approx([stats["embedding_rms"]] * 2)
+    for ax in fig.axes:
+        if ax.get_visible():
+            assert ax.get_xlabel() == "layer" and ax.get_ylabel()
+            assert all(list(line.get_xdata()) == [0, 1] for line in ax.get_lines() if line.get_linestyle() != "--")
+    assert clipped_texts(fig) == []
+
+
+def test_history_figure_shows_each_layer_against_training_step(analyzed_run):
+    run_dir, _ = analyzed_run
+    history = json.loads((run_dir / "diagnostics" / "history.json").read_text())
+    assert [h["step"] for h in history] == [0, 10, 20]
+    fig = plots.history_figure(history)
+    panels = lines_by_title(fig)
+    for i in range(2):
+        assert panels["FFN gradient norm"][f"layer {i}"] == pytest.approx([h["gradients"][i]["ffn"] for h in history])
+        assert panels["activation RMS (block output)"][f"layer {i}"] == pytest.approx(
+            [h["layers"][i]["activation_rms"] for h in history])
+    for ax in fig.axes:
+        if ax.get_lines():
+            assert ax.get_xlabel() == "training step"
+            assert all(list(line.get_xdata()) == [0, 10, 20] for line in ax.get_lines())
+    assert clipped_texts(fig) == []
+    assert plots.history_figure(history[:1]) is None  # nothing to draw a course from

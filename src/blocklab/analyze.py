@@ -3,8 +3,13 @@
     python -m blocklab.analyze RUN_DIR                 # a trained run: its final model
     python -m blocklab.analyze --init [overrides ...]  # a freshly initialised model, e.g. norm=post_ln model.n_layers=24
 
-Writes DIR/diagnostics/analysis.json and attention heatmaps, the same measurements as training's
-diagnostics (RUN_DIR for a run; --out, default outputs/analyze/TIMESTAMP, for --init)."""
+Writes to DIR/diagnostics/ (RUN_DIR for a run; --out, default outputs/analyze/TIMESTAMP, for --init)
+the same measurements as training's diagnostics, and prints each path:
+    analysis.json          the numbers
+    attention_TAG.png      attention maps, layers x heads, one colour scale
+    layers_TAG.png         each measure against layer: gradient norms, activation RMS, rank collapse, ...
+    history.png            a run with diagnostics: the same measures against training step
+TAG is init or trained."""
 import argparse
 import json
 import sys
@@ -13,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from blocklab.analysis.plots import history_figure, layer_figure, save
 from blocklab.analysis.probe import measure
 from blocklab.cli import CONF_DIR  # the packaged config groups
 from blocklab.errors import ConfigError
@@ -20,7 +26,7 @@ from blocklab.experiment import Setup
 from blocklab.train.diagnostics import write_measurement
 
 
-def analyze_init(overrides: list[str], out: Path) -> Path:
+def analyze_init(overrides: list[str], out: Path) -> list[Path]:
     from hydra import compose, initialize_config_dir
 
     from blocklab.model import build_model
@@ -33,19 +39,25 @@ def analyze_init(overrides: list[str], out: Path) -> Path:
     return _write(model, setup, out, "init", {"overrides": overrides})
 
 
-def analyze_run(run_dir: Path) -> Path:
+def analyze_run(run_dir: Path) -> list[Path]:
     setup = Setup.from_run_dir(run_dir, with_task=True)
-    return _write(setup.trained_model(), setup, run_dir, "trained", {"run_dir": str(run_dir)})
+    paths = _write(setup.trained_model(), setup, run_dir, "trained", {"run_dir": str(run_dir)})
+    history = run_dir / "diagnostics" / "history.json"
+    fig = history_figure(json.loads(history.read_text())) if history.exists() else None
+    return paths + ([save(fig, history.with_suffix(".png"))] if fig is not None else [])
 
 
-def _write(model, setup: Setup, out: Path, tag: str, about: dict) -> Path:
+def _write(model, setup: Setup, out: Path, tag: str, about: dict) -> list[Path]:
+    """analysis.json, the attention figure and the per-layer figure."""
     diag = setup.groups["diagnostics"]
     probe = setup.task.probe_batch(diag.get("probe_examples", 16))
     stats = measure(model, probe, diag.get("sparsity_eps", 1e-3), keep_weights=True)
     stats = write_measurement(stats, out / "diagnostics", tag, maps=True)
     path = out / "diagnostics" / "analysis.json"
     path.write_text(json.dumps({**about, "tag": tag, **stats}, indent=1) + "\n")
-    return path
+    layers = save(layer_figure(stats, f"per-layer diagnostics ({tag}, probe batch)"),
+                  out / "diagnostics" / f"layers_{tag}.png")
+    return [path, *(out / p for p in stats["attention_maps"]), layers]
 
 
 def main(argv=None) -> None:
@@ -57,16 +69,17 @@ def main(argv=None) -> None:
     try:
         if args.init:
             out = args.out or Path("outputs/analyze") / time.strftime("%Y-%m-%d_%H-%M-%S")
-            path = analyze_init(args.target, out)
+            paths = analyze_init(args.target, out)
         else:
             if len(args.target) != 1:
                 parser.error("give one RUN_DIR, or --init with config overrides")
-            path = analyze_run(Path(args.target[0]))
+            paths = analyze_run(Path(args.target[0]))
     except ConfigError as err:
         for line in str(err).splitlines():
             print(f"error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"wrote {path}")
+    for path in paths:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
