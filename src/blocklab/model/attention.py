@@ -3,9 +3,9 @@
 Every kind projects x to queries, keys and values (W_q, W_k, W_v stacked in one matrix, as
 GPT-2's c_attn) and back through out_proj; a kind defines how queries meet keys (`attend`) and
 what it keeps between decoding steps (`new_state`, a cache.LayerState). `softmax` covers MHA,
-GQA and MQA (through n_kv_heads), causal or not, optionally windowed; its hot path is
-F.scaled_dot_product_attention, and an explicit softmax path runs only when attention weights
-are asked for (analysis)."""
+GQA and MQA (through n_kv_heads), causal or not, with a sparse pattern (patterns.py); its hot path is
+F.scaled_dot_product_attention (or the pattern's blocked kernel), and an explicit softmax path runs
+only when attention weights are asked for (analysis)."""
 import math
 
 import torch
@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from blocklab.model.cache import DecodingCache, KVState, LayerState
 from blocklab.model.mask import AttentionContext
+from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.registry import Registry
 
 # The constructor arguments every kind gets from the model config; the rest are the kind's own options.
@@ -26,6 +27,8 @@ class Attention(nn.Module):
     head's queries and keys, the position scheme's rotation. Subclasses implement `attend`, and
     `new_state` if they can decode step by step. Options of a kind are its extra constructor keywords;
     `errors` and `label` are its constraints and the name results record for it."""
+
+    honours_patterns = False  # True: it attends only where attn.pattern allows (the context's mask or blocked pattern)
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, scale: float | None = None,
                  qk_norm: bool = False, dropout: float = 0.0, bias: bool = True):
@@ -123,12 +126,16 @@ class Attention(nn.Module):
 @ATTENTION_KINDS.register("softmax")
 class SoftmaxAttention(Attention):
     """softmax(scale q k^T + mask) v per head (Vaswani et al. 2017), with MHA, GQA (Ainslie et al. 2023)
-    and MQA (Shazeer 2019) through n_kv_heads. Decoding keeps every key and value (a KV cache)."""
+    and MQA (Shazeer 2019) through n_kv_heads, and any sparse pattern (attn.pattern). Decoding keeps
+    every key and value (a KV cache), or the pattern's reach back."""
+
+    honours_patterns = True
 
     @classmethod
     def label(cls, cfg) -> str:
-        if cfg.attn.window is not None:
-            return "local"
+        pattern = ATTENTION_PATTERNS.get(cfg.attn.pattern_name)
+        if pattern is not None and pattern.sparse:
+            return pattern.label or pattern.registry_name
         kv = cfg.attn.n_kv_heads or cfg.n_heads
         return "mha" if kv == cfg.n_heads else "mqa" if kv == 1 else "gqa"
 
@@ -154,6 +161,8 @@ class SoftmaxAttention(Attention):
         if ctx.need_weights:
             y, self.last_weights = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
             return y
+        if ctx.blocked is not None:  # a sparse pattern that skips what it masks out
+            return ctx.blocked.attend(q, k, v, ctx.is_causal, self.scale, dropout)
         # The mask must share q's dtype: torch's CPU SDPA silently mis-reads a float32 mask with
         # float64 q/k/v from length 16 on (masks are built in float32; .to is free when they match).
         mask = None if ctx.mask is None else ctx.mask.to(q.dtype)

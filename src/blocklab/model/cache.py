@@ -19,7 +19,7 @@ class LayerState(Protocol):
         """Bytes held for this layer (spare buffer capacity not counted)."""
 
     def drop_oldest(self, count: int) -> None:
-        """Forget the `count` oldest keys (a local window never looks that far back again)."""
+        """Forget the `count` oldest keys (a local pattern never looks that far back again)."""
 
 
 class KVState:
@@ -71,7 +71,7 @@ class DecodingCache:
     """Per sequence: the held keys have absolute indices start .. start + length - 1 in every layer.
     Encoder-decoder models also keep the encoder output and each layer's cross-attention K/V."""
 
-    window: int | None = None  # keys a query can see back; None: all of them
+    window: int | None = None  # keys a query can see back (the pattern's reach, itself included); None: all
     length: int = 0
     start: int = 0  # absolute index of the first held key (> 0 once a window has dropped keys)
     positions: Tensor | None = None  # (B, length) position ids, for position biases and the next positions
@@ -114,7 +114,7 @@ class DecodingCache:
         return k_positions, torch.cat((held, new), dim=1)
 
     def commit(self, k_positions: Tensor, k_valid: Tensor | None) -> None:
-        """After a forward pass: count the new keys, drop what a window never sees again."""
+        """After a forward pass: count the new keys, drop what the pattern never sees again."""
         self.positions, self.valid = k_positions, k_valid
         self.length = self.positions.shape[1]
         drop = 0 if self.window is None else self.length - self.window

@@ -11,6 +11,7 @@ from blocklab.model.attention import ATTENTION_KINDS
 from blocklab.model.ffn import ACTIVATIONS
 from blocklab.model.init import INIT_SCHEMES
 from blocklab.model.norm import NORM_TYPES, PLACEMENTS, norm_name
+from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.registry import is_number
@@ -38,12 +39,38 @@ class PosConfig:
 @dataclass
 class AttnConfig:
     kind: str = "softmax"  # attn.kind: how queries meet keys (attention.ATTENTION_KINDS)
+    pattern: str | None = None  # attn.pattern: which keys each query sees (patterns.ATTENTION_PATTERNS); None: derived
     n_kv_heads: int | None = None  # None: one K/V head per query head (MHA)
-    window: int | None = None  # local attention: each query sees this many keys back (itself included)
+    window: int | None = None  # the local window of a pattern: each query sees this many keys back (itself included)
     causal: bool = True
     scale: float | str | None = None  # None: 1/sqrt(d_head); "none": 1 (unscaled); a number: that number
     qk_norm: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own keyword arguments
+    pattern_options: dict[str, Any] = field(default_factory=dict)  # the pattern's own (stride, dilation...)
+
+    @property
+    def pattern_name(self) -> str:
+        """The pattern; unset, `window` alone makes it local (as before patterns existed), else full."""
+        if self.pattern is not None:
+            return self.pattern
+        return "full" if self.window is None else "window"
+
+    @property
+    def pattern_args(self) -> dict[str, Any]:
+        """The pattern's constructor keywords: the window if set, and its own options."""
+        return {**({} if self.window is None else {"window": self.window}), **self.pattern_options}
+
+    @classmethod
+    def split_options(cls, kind: str, pattern: str, extra: dict[str, Any]) -> tuple[dict, dict]:
+        """The attn keys no field takes -> (the kind's options, the pattern's options). A key goes to the
+        pattern if the chosen pattern takes it, or if only patterns do (so its error names the pattern);
+        a key both the pattern and the kind take is reported by ModelConfig.errors()."""
+        taken = ATTENTION_PATTERNS.options(pattern) if pattern in ATTENTION_PATTERNS else {}
+        kind_takes = ATTENTION_KINDS.options(kind) if kind in ATTENTION_KINDS else {}
+        any_pattern = {key for name in ATTENTION_PATTERNS for key in ATTENTION_PATTERNS.options(name)}
+        to_pattern = {key for key in extra if key in taken or (key in any_pattern and key not in kind_takes)}
+        return ({k: v for k, v in extra.items() if k not in to_pattern},
+                {k: v for k, v in extra.items() if k in to_pattern})
 
     def scale_value(self, d_head: int) -> float | None:
         if self.scale is None or self.scale == "default":
@@ -101,7 +128,8 @@ class ModelConfig:
 
     @property
     def attn_label(self) -> str:
-        """The attention variant by what it computes: mha, gqa, mqa, local for softmax; else the kind."""
+        """The attention variant by what it computes: mha, gqa, mqa, or the pattern (local, strided...) for
+        softmax; else the kind."""
         return ATTENTION_KINDS[self.attn.kind].label(self)
 
     @classmethod
@@ -115,15 +143,17 @@ class ModelConfig:
             raise ConfigError("\n".join(unknown))
         model = dict(groups["model"])
         pos = dict(groups["pos"])
-        attn_fields = {f.name for f in fields(AttnConfig)} - {"options"}
+        attn_fields = {f.name for f in fields(AttnConfig)} - {"options", "pattern_options"}
         attn = {k: v for k, v in groups["attn"].items() if k in attn_fields}
-        attn_options = {k: v for k, v in groups["attn"].items() if k not in attn_fields}
+        extra = {k: v for k, v in groups["attn"].items() if k not in attn_fields}
+        attn_options, pattern_options = AttnConfig.split_options(attn.get("kind", AttnConfig.kind),
+                                                                 AttnConfig(**attn).pattern_name, extra)
         return cls(
             vocab_size=vocab_size,
             max_len=max_len,
             norm=NormConfig(**groups["norm"]),
             pos=PosConfig(name=pos.pop("name"), options=pos),
-            attn=AttnConfig(**attn, options=attn_options),
+            attn=AttnConfig(**attn, options=attn_options, pattern_options=pattern_options),
             act=ActConfig(**groups["act"]),
             init=InitConfig(**groups["init"]),
             **model,
@@ -170,18 +200,32 @@ class ModelConfig:
         if kv is not None and (not isinstance(kv, int) or kv <= 0 or self.n_heads % kv):
             errs.append(f"attn.n_kv_heads={kv} must divide model.n_heads={self.n_heads}; "
                         f"use one of {[k for k in range(1, self.n_heads + 1) if self.n_heads % k == 0]}")
-        if self.attn.window is not None and (not isinstance(self.attn.window, int) or self.attn.window <= 0):
-            errs.append(f"attn.window={self.attn.window} must be a positive integer, or null for full attention")
         scale = self.attn.scale
         if not (scale is None or scale in ("default", "none")
                 or (is_number(scale) and scale > 0)):
             errs.append(f"attn.scale={scale!r} must be null (1/sqrt(d_head)), 'none' (1) or a positive number")
         if self.attn.kind not in ATTENTION_KINDS:
             return errs + [ATTENTION_KINDS.unknown(self.attn.kind)]
-        option_errs = ATTENTION_KINDS.option_errors(self.attn.kind, self.attn.options, "attn")
-        if option_errs or errs:
-            return errs + option_errs
-        return ATTENTION_KINDS[self.attn.kind].errors(self, self.attn.options)
+        name = self.attn.pattern_name
+        if name not in ATTENTION_PATTERNS:
+            return errs + [ATTENTION_PATTERNS.unknown(name)]
+        kind, pattern = ATTENTION_KINDS[self.attn.kind], ATTENTION_PATTERNS[name]
+        errs += ATTENTION_KINDS.option_errors(self.attn.kind, self.attn.options, "attn")
+        errs += ATTENTION_PATTERNS.option_errors(name, self.attn.pattern_args, "attn")
+        errs += [f"attn.{key} is an option of both attn.pattern={name} and attn.kind={self.attn.kind}, so the "
+                 f"config cannot say which it sets; rename one of them"
+                 for key in sorted(set(self.attn.pattern_options) & set(ATTENTION_KINDS.options(self.attn.kind)))]
+        if pattern.sparse and not kind.honours_patterns:
+            honouring = [k for k in ATTENTION_KINDS if ATTENTION_KINDS[k].honours_patterns]
+            chosen = f"attn.pattern={name}" if self.attn.pattern is not None else \
+                f"attn.window={self.attn.window} (attn.pattern={name})"
+            fix = "attn.pattern=full" if self.attn.pattern is not None else "attn.window=null"
+            errs.append(f"{chosen} needs a kind that honours sparse patterns ({', '.join(honouring)}); "
+                        f"attn.kind={self.attn.kind} cannot: use {fix} or attn.kind={honouring[0]}")
+        if errs:
+            return errs
+        options = {**ATTENTION_PATTERNS.options(name), **self.attn.pattern_args}
+        return pattern.errors(self, options) + kind.errors(self, self.attn.options)
 
     def _position_errors(self, heads_divide: bool) -> list[str]:
         if self.pos.name not in POSITION_SCHEMES:

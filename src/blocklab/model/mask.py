@@ -1,11 +1,13 @@
 """What attention needs that is the same for every layer of one pass: positions, the position scheme,
-and one float mask folding causality, a local window, key padding and a position bias."""
+and one float mask folding causality, the sparse pattern, key padding and a position bias; or, where
+a pattern has a blocked kernel and nothing else is masked, that pattern and no mask at all."""
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from blocklab.model.cache import DecodingCache
+from blocklab.model.patterns import Pattern
 from blocklab.model.position import PositionScheme, default_positions
 
 
@@ -22,13 +24,16 @@ class AttentionContext:
     # Positions and validity of all keys (held + new), which the cache keeps after the pass.
     k_positions: Tensor | None = None
     k_valid: Tensor | None = None
+    # A sparse pattern to compute by its blocked kernel (Pattern.attend); None: the mask says it all.
+    blocked: Pattern | None = None
 
 
 def self_attention_context(idx: Tensor, positions: Tensor | None, valid: Tensor | None, cache: DecodingCache | None,
-                           scheme: PositionScheme, causal: bool, window: int | None,
+                           scheme: PositionScheme, causal: bool, pattern: Pattern | None,
                            need_weights: bool = False) -> AttentionContext:
     """Positions, mask and position bias for self-attention over `idx` (the new tokens), continuing
-    from the cache if there is one. Positions default to 0..T-1, or to the cache's next ones."""
+    from the cache if there is one. Positions default to 0..T-1, or to the cache's next ones.
+    `pattern` None is full attention."""
     batch, length = idx.shape
     if positions is None:
         positions = default_positions(length, idx.device)  # shared per length, so schemes can reuse their tables
@@ -41,8 +46,13 @@ def self_attention_context(idx: Tensor, positions: Tensor | None, valid: Tensor 
         positions = positions.expand(batch, length)  # the cache keeps one row per sequence
         q_start, k_start = cache.next_index, cache.start
         k_positions, k_valid = cache.with_new_keys(positions, valid)
-    mask, is_causal = build_mask(q_start, length, k_start, k_positions.shape[1], causal, window, k_valid,
-                                 scheme.bias(positions, k_positions), idx.device)
+    bias = scheme.bias(positions, k_positions)
+    if (pattern is not None and pattern.sparse and pattern.skips_masked_work and k_valid is None and bias is None
+            and k_positions.shape[1] == length and not need_weights):
+        # Queries are the keys, nothing else to mask: the blocked kernel, no (T, T) mask built.
+        return AttentionContext(positions, scheme, None, causal, cache, need_weights, k_positions, k_valid, pattern)
+    mask, is_causal = build_mask(q_start, length, k_start, k_positions.shape[1], causal, pattern, k_valid, bias,
+                                 idx.device)
     return AttentionContext(positions, scheme, mask, is_causal, cache, need_weights, k_positions, k_valid)
 
 
@@ -62,16 +72,17 @@ def build_mask(
     k_start: int,
     k_len: int,
     causal: bool,
-    window: int | None,
+    pattern: Pattern | None,
     key_valid: Tensor | None,
     bias: Tensor | None,
     device=None,
 ) -> tuple[Tensor | None, bool]:
-    """Fold causality, the local window, key padding and a position bias into one float mask.
-    Queries have absolute indices q_start.., keys k_start..; the keys end with the queries themselves.
+    """Fold causality, the sparse pattern (None: full), key padding and a position bias into one float
+    mask. Queries have absolute indices q_start.., keys k_start..; the keys end with the queries themselves.
 
     Returns (mask, is_causal); mask is None when SDPA's own causal flag says it all."""
-    if window is None and key_valid is None and bias is None:
+    sparse = pattern is not None and pattern.sparse
+    if not sparse and key_valid is None and bias is None:
         if not causal or q_len == k_len:
             return None, causal  # no held keys: SDPA's own causal flag
         if q_len == 1:
@@ -79,11 +90,10 @@ def build_mask(
     q_index = torch.arange(q_start, q_start + q_len, device=device)
     k_index = torch.arange(k_start, k_start + k_len, device=device)
     offset = q_index[:, None] - k_index[None, :]  # how far back each key is
-    allowed = torch.ones_like(offset, dtype=torch.bool)
-    if causal:
-        allowed &= offset >= 0
-    if window is not None:
-        allowed &= offset.abs() < window
+    if sparse:
+        allowed = pattern.support(q_index, k_index, causal)
+    else:
+        allowed = offset >= 0 if causal else torch.ones_like(offset, dtype=torch.bool)
     allowed = allowed[None, None]  # (1, 1, Tq, Tk)
     if key_valid is not None:
         # Padding queries still see themselves, so no softmax row is empty (no NaN); their outputs are ignored.

@@ -11,6 +11,7 @@ from blocklab.model.ffn import dropout_layer
 from blocklab.model.init import apply_init
 from blocklab.model.mask import cross_attention_context, self_attention_context
 from blocklab.model.norm import PLACEMENTS, build_norm
+from blocklab.model.patterns import build_pattern
 from blocklab.model.position import build_position
 from blocklab.registry import Registry
 
@@ -39,6 +40,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = build_position(cfg.pos.name, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attn.causal,
                                   **cfg.position_options())
+        self.pattern = build_pattern(cfg.attn)  # which keys each query sees, in every self-attention layer
         self.drop = dropout_layer(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.final_norm = _final_norm(cfg)
@@ -51,7 +53,7 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())  # shared (tied) tensors counted once
 
     def new_cache(self) -> DecodingCache:
-        return DecodingCache(window=self.cfg.attn.window)
+        return DecodingCache(window=self.pattern.cache_keys)
 
     def cache_bytes_per_token(self) -> int:
         """How much cached decoding state grows per generated token, over all layers."""
@@ -70,8 +72,8 @@ class Transformer(nn.Module):
 
     def _decode(self, idx, positions, valid, cache, need_weights, *cross):
         """The causal stack over idx; `cross` = (cross-attention context, encoder memory) if any."""
-        ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal,
-                                     self.cfg.attn.window, need_weights)
+        ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal, self.pattern,
+                                     need_weights)
         x = self._dropout(self.pos.embed(self.tok_emb(idx), ctx.positions))
         for block in self.blocks:
             x = block(x, ctx, *cross)
@@ -101,7 +103,7 @@ class EncoderDecoder(Transformer):
 
     def encode(self, source: Tensor, source_valid: Tensor | None = None, need_weights: bool = False) -> Tensor:
         """Bidirectional pass over right-padded sources (padding is never attended to)."""
-        ctx = self_attention_context(source, None, source_valid, None, self.enc_pos, False, self.cfg.attn.window,
+        ctx = self_attention_context(source, None, source_valid, None, self.enc_pos, False, self.pattern,
                                      need_weights)
         x = self._dropout(self.enc_pos.embed(self.tok_emb(source), ctx.positions))
         for block in self.encoder:
