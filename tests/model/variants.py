@@ -19,13 +19,14 @@ VARIANTS = {
 
 
 def tiny_cfg(pos: str = "rope", causal: bool = True, n_layers: int = 2, std: float | None = 0.2,
-             vocab_size: int = 20, max_len: int = 64, arch: str = "decoder", **fields) -> ModelConfig:
-    """4 heads of 8 dims; `fields` are attention options (n_kv_heads, window, kind...) or model fields.
-    std None keeps the default init."""
+             vocab_size: int = 20, max_len: int = 64, arch: str = "decoder", options: dict | None = None,
+             **fields) -> ModelConfig:
+    """4 heads of 8 dims; `fields` are attention options (n_kv_heads, window, kind...) or model fields,
+    `options` the attention kind's own (n_features...). std None keeps the default init."""
     attn_keys = set(AttnConfig.__dataclass_fields__) - {"options"}
     attn = {k: fields.pop(k) for k in list(fields) if k in attn_keys}
     cfg = ModelConfig(arch=arch, vocab_size=vocab_size, max_len=max_len, d_model=32, n_layers=n_layers, n_heads=4,
-                      pos=PosConfig(pos), attn=AttnConfig(causal=causal, **attn),
+                      pos=PosConfig(pos), attn=AttnConfig(causal=causal, options=options or {}, **attn),
                       init=InitConfig() if std is None else InitConfig("normal", std), **fields)
     assert cfg.errors() == []
     return cfg
