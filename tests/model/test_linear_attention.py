@@ -13,7 +13,7 @@ from blocklab.model.config import AttnConfig, ModelConfig, PosConfig
 from blocklab.model.generate import generate
 from blocklab.model.mask import AttentionContext
 from blocklab.model.position import build_position
-from variants import tiny_cfg, tiny_model
+from variants import KINDS, tiny_cfg, tiny_model
 
 V, H, DH = 20, 4, 8
 LINEAR = ["linear", "performer"]
@@ -370,3 +370,39 @@ def test_a_window_is_a_one_line_error(kind):
 def test_the_kind_is_what_results_record(kind):
     cfg = tiny_cfg("rope", causal=kind in LINEAR, kind=kind, n_kv_heads=2)
     assert cfg.attn_label == kind == ATTENTION_KINDS[kind].registry_name
+
+
+# ------------------------------------------------------- every registered kind, as far as it goes
+
+def model_or_skip(kind, causal):
+    """The tiny model of `kind`, or a skip where the kind says (its config error) that it cannot be so."""
+    cfg = ModelConfig(vocab_size=V, d_model=32, n_heads=H, max_len=64, attn=AttnConfig(kind=kind, causal=causal))
+    if cfg.errors():
+        pytest.skip(cfg.errors()[0])
+    return make_model(kind, "rope", causal=causal, n_kv_heads=2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_causal_kind_is_causal_and_decodes_as_it_recomputes(kind):
+    model = model_or_skip(kind, causal=True)
+    idx = tokens((2, 9))
+    changed = idx.clone()
+    changed[:, 6:] = (idx[:, 6:] + 1) % V
+    with torch.no_grad():
+        full = model(idx)
+        torch.testing.assert_close(model(changed)[:, :6], full[:, :6], rtol=0, atol=1e-12)
+        cache = model.new_cache()
+        torch.testing.assert_close(model(idx[:, :4], cache=cache), full[:, :4], rtol=1e-10, atol=1e-10)
+        for t in range(4, 9):
+            torch.testing.assert_close(model(idx[:, t:t + 1], cache=cache)[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_writes_out_the_weights_it_applies(kind, causal):
+    model = model_or_skip(kind, causal)
+    idx = tokens((2, 9))
+    with torch.no_grad():
+        out, weights = model(idx, need_weights=True)
+        torch.testing.assert_close(out, model(idx), rtol=1e-10, atol=1e-10)
+    assert [w.shape for w in weights] == [(2, H, 9, 9)] * 2
