@@ -15,14 +15,16 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def main() -> None:
-    """The command line. Its overrides are checked first: a misspelled key or an unknown option is one line
-    and exit 2, before Hydra creates a run directory. HYDRA_FULL_ERROR=1 shows Hydra's own message instead."""
+    """The command line. Its overrides and a single run's values (the schema) are checked first, before torch
+    is imported: a misspelled key, an unknown option or a value out of range is one line and exit 2, before
+    Hydra creates a run directory. HYDRA_FULL_ERROR=1 shows Hydra's own message instead."""
     from blocklab.overrides import command_line_error, is_multirun
 
     if os.environ.get("HYDRA_FULL_ERROR") != "1":
         error = command_line_error(sys.argv[1:])
         if error is not None:
-            print(f"error: {error}", file=sys.stderr)
+            for line in error.splitlines():
+                print(f"error: {line}", file=sys.stderr)
             raise SystemExit(2)
     if is_multirun(sys.argv[1:]):
         _check_every_job(sys.argv[1:])

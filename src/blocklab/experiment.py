@@ -3,8 +3,8 @@ config groups, the task and model config they describe, and its run directory.""
 import dataclasses
 import json
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Callable
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -15,6 +15,7 @@ from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import CHECKPOINT, MODEL_FILE, TOKENIZER_FILE
+from blocklab.schema import schema_errors
 from blocklab.tasks import Task, build_task, task_errors
 
 SAVED_CONFIG = Path(".hydra") / "config.yaml"
@@ -27,6 +28,39 @@ def is_seq2seq(arch: str) -> bool:
     return ARCHITECTURES[arch].is_encoder_decoder
 
 
+def config_errors(groups: dict) -> list[str]:
+    """Every problem Setup.from_config would find in a resolved config, without reading a task's data
+    twice: the schema's, then the task's and the registries' (position scheme, attention kind...)."""
+    try:
+        errors = schema_errors(groups)
+        if errors:
+            return errors
+        seq2seq = is_seq2seq(groups["model"]["arch"])
+        errors = _task_errors(_frozen(groups["task"]), seq2seq)
+        if errors:
+            return errors
+        vocab_size, max_len = _task_shape(_frozen(groups["task"]), groups["seed"], seq2seq)
+        return ModelConfig.from_groups(groups, vocab_size=vocab_size, max_len=max_len).errors()
+    except ConfigError as err:
+        return str(err).splitlines()
+
+
+def _frozen(task: dict) -> str:
+    return json.dumps(task, sort_keys=True)
+
+
+@cache
+def _task_errors(task: str, seq2seq: bool) -> list[str]:
+    return task_errors(json.loads(task), seq2seq)
+
+
+@cache
+def _task_shape(task: str, seed: int, seq2seq: bool) -> tuple[int, int]:
+    """The vocabulary and longest sequence a task config gives (built once per distinct task: an LM reads its corpus)."""
+    built = build_task(json.loads(task), seed, seq2seq)
+    return built.vocab_size, built.max_seq_len
+
+
 @dataclass
 class Setup:
     groups: dict  # the resolved config, a plain dict per group
@@ -36,12 +70,14 @@ class Setup:
     start_step: int | None = None  # the step training resumes from; None for a fresh start
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, checks: tuple[Callable[[dict], list[str]], ...] = ()) -> "Setup":
-        """Validated task and model config; every problem is a ConfigError. `checks` are the caller's
-        own checks of the groups, reported together with the task's."""
+    def from_config(cls, cfg: DictConfig) -> "Setup":
+        """Validated task and model config; every problem is a ConfigError. The schema's checks come first
+        (the command line ran them before torch was imported); then the registries' and the task's."""
         groups = OmegaConf.to_container(cfg, resolve=True)
-        seq2seq = is_seq2seq(groups["model"]["arch"])
-        errors = task_errors(groups["task"], seq2seq) + [err for check in checks for err in check(groups)]
+        errors = schema_errors(groups)
+        if not errors:
+            seq2seq = is_seq2seq(groups["model"]["arch"])
+            errors = task_errors(groups["task"], seq2seq)
         if errors:
             raise ConfigError("\n".join(errors))
         task = build_task(groups["task"], groups["seed"], seq2seq)

@@ -17,10 +17,11 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from blocklab.cli import CONF_DIR
+from blocklab.schema import schema_errors
 
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
@@ -41,11 +42,24 @@ def command_line_error(argv: list[str]) -> str | None:
         return None  # Hydra's own answer: help, a bad flag, or a primary config other than ours
     try:
         check_overrides(args.overrides, multirun=args.multirun)
+        # A single run's values are checked here too (a sweep checks every job, after importing torch);
+        # --cfg only prints the config.
+        errors = [] if args.multirun or args.cfg else schema_errors(job_config(args.overrides))
     except OverrideError as err:
         return str(err)
     except (HydraException, OmegaConfBaseException, ValueError):
         return None  # a failure this check has no line for: Hydra's own answer, as before
-    return None
+    return "\n".join(errors) or None
+
+
+def job_config(overrides: list[str]) -> dict:
+    """One job's resolved config as plain dicts, without Hydra's own keys: what the schema checks."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        cfg = _compose([o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+                       + ["run_dir=unused"])  # run_dir names Hydra's output dir, which only a run has
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def check_overrides(overrides: list[str], multirun: bool) -> None:

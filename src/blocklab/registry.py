@@ -72,11 +72,17 @@ class Registry(Generic[T]):
         entry = self.entries[name]
         if not callable(entry):
             return {}  # a plain description (a placement, an activation) has no options of its own
-        target = entry.__init__ if inspect.isclass(entry) else entry
-        params = inspect.signature(target).parameters.values()
-        return {p.name: p.default for p in params
-                if p.name not in self.framework_args and p.name != "self"
-                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        options = {}
+        # A constructor that passes **kwargs on takes its base class's keywords too.
+        for target in [c.__init__ for c in inspect.getmro(entry)] if inspect.isclass(entry) else [entry]:
+            params = inspect.signature(target).parameters.values()
+            for p in params:
+                if p.name not in self.framework_args and p.name != "self" \
+                        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                    options.setdefault(p.name, p.default)
+            if not any(p.kind == p.VAR_KEYWORD for p in params):
+                break
+        return options
 
     def option_errors(self, name: str, values: dict[str, Any], prefix: str) -> list[str]:
         """Unknown options and values of the wrong kind, each as one line naming `prefix.key`.

@@ -19,7 +19,8 @@ def task_errors(cfg: dict, seq2seq: bool = False) -> list[str]:
         seq2seq_names = [n for n in TASKS if TASKS[n].supports_seq2seq]
         return [f"model.arch=encoder_decoder needs a source/target task ({', '.join(seq2seq_names)}), "
                 f"not task={name}; use model.arch=decoder"]
-    return TASKS[name].errors(cfg)
+    unknown = TASKS.option_errors(name, {k: v for k, v in cfg.items() if k != "name"}, "task")
+    return unknown or TASKS[name].errors(cfg)
 
 
 def build_task(cfg: dict, seed: int, seq2seq: bool = False) -> Task:

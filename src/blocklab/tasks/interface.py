@@ -66,4 +66,4 @@ class Task(ABC):
         """A fixed batch of n examples for diagnostics."""
 
 
-TASKS: Registry[type[Task]] = Registry("task.name", framework_args=("seed", "seq2seq"))
+TASKS: Registry[type[Task]] = Registry("task.name", framework_args=("seed", "seq2seq", "symbols"))

@@ -4,7 +4,7 @@ import time
 from blocklab.model import ModelConfig
 from blocklab.model.generate import generate
 from blocklab.tasks import Task
-from blocklab.train.checks import PRECISIONS
+from blocklab.schema import PRECISIONS
 
 
 def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true") -> dict:

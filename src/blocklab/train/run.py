@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from blocklab.experiment import Setup
 from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
 from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, StepProgressBar
-from blocklab.train.checks import check_run_dir, training_errors
+from blocklab.train.checks import check_run_dir
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_logger, log_results
 from blocklab.train.module import LitTransformer
@@ -46,7 +46,7 @@ def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
 
 def prepare(cfg: DictConfig) -> Setup:
     """Everything that can fail on bad input, before any file is written."""
-    setup = Setup.from_config(cfg, checks=(training_errors,))
+    setup = Setup.from_config(cfg)
     check_run_dir(setup.run_dir)
     return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, setup.groups))
 

@@ -1,11 +1,9 @@
 """A run as one job of a Hydra multirun: every job's config is checked before the first starts; finished
 and invalid jobs are skipped, a failed one is tried again with the record of its failure kept, a failing
 one is recorded without stopping the sweep; plus the DDP re-launch of one job and its W&B grouping."""
-import json
 import os
 import sys
 import time
-from functools import cache
 from pathlib import Path
 from typing import Callable
 
@@ -92,6 +90,7 @@ def check_sweep_jobs(overrides: list[str]) -> None:
     from hydra import compose, initialize_config_dir
 
     from blocklab.cli import CONF_DIR
+    from blocklab.experiment import config_errors
     from blocklab.overrides import names_the_job, sweep_jobs
 
     jobs = sweep_jobs(overrides)
@@ -99,7 +98,7 @@ def check_sweep_jobs(overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         for job in jobs:
             settings = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-            errors = _job_errors(OmegaConf.to_container(compose("config", [*settings, "run_dir=unused"]),
+            errors = config_errors(OmegaConf.to_container(compose("config", [*settings, "run_dir=unused"]),
                                                         resolve=True))
             if errors:
                 problems[",".join(o for o in job if names_the_job(o))] = errors
@@ -108,40 +107,3 @@ def check_sweep_jobs(overrides: list[str]) -> None:
     for job, errors in problems.items():
         print(f"warning: job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}",
               file=sys.stderr)
-
-
-def _job_errors(groups: dict) -> list[str]:
-    """What Setup.from_config and the run checks would refuse in one job's config, without its data."""
-    from blocklab.experiment import is_seq2seq
-    from blocklab.model import ModelConfig
-    from blocklab.train.checks import training_errors
-
-    try:
-        seq2seq = is_seq2seq(groups["model"]["arch"])
-        errors = _task_errors(_frozen(groups["task"]), seq2seq) + training_errors(groups)
-        if errors:
-            return errors
-        vocab_size, max_len = _task_shape(_frozen(groups["task"]), groups["seed"], seq2seq)
-        return ModelConfig.from_groups(groups, vocab_size=vocab_size, max_len=max_len).errors()
-    except ConfigError as err:
-        return str(err).splitlines()
-
-
-def _frozen(task: dict) -> str:
-    return json.dumps(task, sort_keys=True)
-
-
-@cache
-def _task_errors(task: str, seq2seq: bool) -> list[str]:
-    from blocklab.tasks import task_errors
-
-    return task_errors(json.loads(task), seq2seq)
-
-
-@cache
-def _task_shape(task: str, seed: int, seq2seq: bool) -> tuple[int, int]:
-    """The vocabulary and longest sequence a task config gives (built once per distinct task: an LM reads its corpus)."""
-    from blocklab.tasks import build_task
-
-    built = build_task(json.loads(task), seed, seq2seq)
-    return built.vocab_size, built.max_seq_len

@@ -1,0 +1,255 @@
+"""The type and range of every config key BlockLab reads, checked before torch is imported.
+
+A key's spec says what values it takes and, in its error, what to type instead. Keys a variant owns
+(a position scheme's or attention kind's options, a task's settings, a W&B logger's settings) are
+checked by that variant's registry entry (`config_errors` runs both); here each group lists the
+keys the framework itself reads. Unknown keys of a closed group get a did-you-mean."""
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from blocklab.registry import is_number
+
+
+class Spec:
+    """What values one key takes; `expect` completes "must be ..."."""
+
+    expect: str
+
+    def accepts(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def error(self, key: str, value: Any) -> str | None:
+        return None if self.accepts(value) else f"{key}={value!r} must be {self.expect}"
+
+
+@dataclass(frozen=True)
+class Int(Spec):
+    low: int | None = None  # smallest value allowed
+
+    def accepts(self, value):
+        return isinstance(value, int) and not isinstance(value, bool) and (self.low is None or value >= self.low)
+
+    @property
+    def expect(self):
+        return {None: "an integer", 0: "an integer >= 0", 1: "a positive integer"}.get(self.low,
+                                                                                        f"an integer >= {self.low}")
+
+
+@dataclass(frozen=True)
+class Number(Spec):
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # True: low itself is not allowed
+    high_open: bool = True
+
+    def accepts(self, value):
+        if not is_number(value) or value != value:  # NaN compares unequal to itself
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    @property
+    def expect(self):
+        if self.low == 0 and self.low_open and self.high is None:
+            return "a number > 0"
+        low = "" if self.low is None else f"{'(' if self.low_open else '['}{self.low}, "
+        high = "" if self.high is None else f"{self.high}{')' if self.high_open else ']'}"
+        if self.high is None:
+            return f"a number {'>' if self.low_open else '>='} {self.low}"
+        return f"a number in {low}{high}" if low else f"a number {'<' if self.high_open else '<='} {self.high}"
+
+
+@dataclass(frozen=True)
+class Bool(Spec):
+    expect: str = "true or false"
+
+    def accepts(self, value):
+        return isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Text(Spec):
+    """A non-empty string (a registry name: which names exist is the registry's to say)."""
+
+    expect: str = "a non-empty string"
+
+    def accepts(self, value):
+        return isinstance(value, str) and bool(value)
+
+
+@dataclass(frozen=True)
+class Choice(Spec):
+    options: tuple
+    described: str = ""  # the options with what each means, where their names do not say it
+    noun: str = "an allowed value"
+    suggest: bool = True  # False where a close spelling is another thing (16-mixed is not bf16-mixed)
+
+    def accepts(self, value):
+        return any(value == o and type(value) is type(o) for o in self.options)
+
+    @property
+    def expect(self):
+        return self.described or "one of " + ", ".join(dict.fromkeys(map(str, self.options)))
+
+    def error(self, key, value):
+        if self.accepts(value):
+            return None
+        close = difflib.get_close_matches(str(value), [str(o) for o in self.options], n=1) if self.suggest else []
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"{key}={value!r} is not {self.noun}; {hint}use {self.expect}"
+
+
+@dataclass(frozen=True)
+class Pair(Spec):
+    """Two numbers, each in [low, high) (Adam's betas)."""
+
+    low: float = 0
+    high: float = 1
+
+    def accepts(self, value):
+        return isinstance(value, list) and len(value) == 2 and all(
+            Number(self.low, self.high).accepts(v) for v in value)
+
+    @property
+    def expect(self):
+        return f"two numbers in [{self.low}, {self.high}), e.g. [0.9,0.99]"
+
+
+@dataclass(frozen=True)
+class Nullable(Spec):
+    """null (meaning `null_means`) or a value of `spec`."""
+
+    spec: Spec
+    null_means: str
+
+    def accepts(self, value):
+        return value is None or self.spec.accepts(value)
+
+    @property
+    def expect(self):
+        return f"null ({self.null_means}) or {self.spec.expect}"
+
+
+@dataclass(frozen=True)
+class Either(Spec):
+    first: Spec
+    second: Spec
+
+    def accepts(self, value):
+        return self.first.accepts(value) or self.second.accepts(value)
+
+    @property
+    def expect(self):
+        return f"{self.first.expect} or {self.second.expect}"
+
+
+@dataclass(frozen=True)
+class Mapping(Spec):
+    """Keys a sweep file describes itself with (study: name, question, plots...); the report reads them."""
+
+    expect: str = "a mapping of keys, as a sweep file sets it"
+
+    def accepts(self, value):
+        return isinstance(value, dict)
+
+
+@dataclass(frozen=True)
+class Described(Spec):
+    """A spec whose error says what the value means (`expect`), not only its type."""
+
+    spec: Spec
+    expect: str
+
+    def accepts(self, value):
+        return self.spec.accepts(value)
+
+
+@dataclass(frozen=True)
+class Group:
+    """The keys of one config group. `owner` names who checks the keys not listed (None: nobody may add any)."""
+
+    keys: dict[str, Spec]
+    owner: str | None = None
+
+
+POSITIVE_INT, POSITIVE = Int(1), Number(0, low_open=True)
+# trainer.precision values BlockLab trains correctly (Lightning's spellings) -> the name results.json records.
+PRECISIONS = {"32-true": "32-true", "32": "32-true", 32: "32-true", "bf16-mixed": "bf16-mixed",
+              "64-true": "64-true", "64": "64-true", 64: "64-true"}
+
+LOGGERS = tuple(f"lightning.pytorch.loggers.{name}" for name in ("WandbLogger", "CSVLogger", "TensorBoardLogger"))
+
+SCHEMA: dict[str, Group] = {
+    "model": Group({
+        "arch": Text(), "d_model": POSITIVE_INT, "n_layers": POSITIVE_INT, "n_heads": POSITIVE_INT,
+        "d_ff": Nullable(POSITIVE_INT, "4 * d_model"), "dropout": Number(0, 1), "bias": Bool(),
+        "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool()}),
+    "norm": Group({"type": Text(), "placement": Text(),
+                   "eps": Described(POSITIVE, "a positive number (it keeps the norm's division finite)")}),
+    "pos": Group({"name": Text()}, owner="the position scheme (pos.name)"),
+    "attn": Group({
+        "kind": Text(), "pattern": Nullable(Text(), "window if attn.window is set, else full"), "n_kv_heads": Nullable(POSITIVE_INT, "n_heads: MHA"),
+        "window": Nullable(POSITIVE_INT, "full attention"), "causal": Bool(),
+        "scale": Nullable(Either(Choice(("none", "default")), POSITIVE), "1/sqrt(d_head)"), "qk_norm": Bool()},
+        owner="the attention kind (attn.kind)"),
+    "act": Group({"name": Text(), "match_params": Bool()}),
+    "init": Group({"name": Text(), "std": POSITIVE}),
+    "task": Group({"name": Text()}, owner="the task (task.name)"),
+    "optim": Group({
+        "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0)}),
+    "trainer": Group({
+        "_target_": Choice(("lightning.pytorch.Trainer",)), "accelerator": Choice(("cpu", "gpu", "cuda", "mps", "auto")),
+        "devices": Either(POSITIVE_INT, Choice(("auto",))), "num_nodes": POSITIVE_INT,
+        "strategy": Text(), "max_steps": POSITIVE_INT,
+        # The training stream is endless: no epoch for a fraction of one to refer to.
+        "val_check_interval": Described(POSITIVE_INT, "a positive integer number of steps between validations"), "check_val_every_n_epoch": Nullable(POSITIVE_INT, "by steps"),
+        "log_every_n_steps": POSITIVE_INT, "gradient_clip_val": Nullable(POSITIVE, "no clipping"),
+        "precision": Choice(tuple(PRECISIONS), noun="supported", suggest=False,
+                            described="32-true (float32), bf16-mixed (bfloat16 matmuls, float32 weights and "
+                                      "attention) or 64-true"), "enable_model_summary": Bool(), "num_sanity_val_steps": Int(0)}),
+    "logger": Group({"_target_": Nullable(Choice(LOGGERS), "no logger"), "name": Text(), "project": Text(),
+                     "mode": Choice(("offline", "online", "disabled"), "offline, online or disabled", "a W&B mode")}, owner="the logger class (logger._target_)"),
+    "diagnostics": Group({
+        "enabled": Bool(), "every_n_steps": POSITIVE_INT, "probe_examples": POSITIVE_INT,
+        "sparsity_eps": Number(0), "attention_maps": Choice(("none", "end", "all"), "none, end (init and end) or all (every measurement)")}),
+    "": Group({
+        "seed": Int(), "max_loss": Described(Nullable(POSITIVE, ""), "null (no ceiling) or a loss > 0"), "target_loss": Nullable(POSITIVE, "none"),
+        "checkpoint_every": Described(POSITIVE_INT, "a positive number of steps"), "resume": Bool(), "run_dir": Text(),
+        "study": Nullable(Mapping(), "not part of a study")}),
+}
+GROUPS = tuple(name for name in SCHEMA if name)
+
+
+def schema_errors(config: dict) -> list[str]:
+    """One line per key whose value its spec refuses, and per unknown key of a group nobody else owns."""
+    errors = []
+    top = {key: value for key, value in config.items() if key not in GROUPS and key != "hydra"}
+    for name, group in SCHEMA.items():
+        values = top if not name else config.get(name)
+        if not isinstance(values, dict):
+            errors.append(f"{name}={values!r} must be a group of keys; choose one of its options ({name}=...)")
+            continue
+        prefix = f"{name}." if name else ""
+        for key, value in values.items():
+            spec = group.keys.get(key)
+            if spec is not None:
+                errors += filter(None, [spec.error(prefix + key, value)])
+            elif group.owner is None:
+                errors.append(_unknown(prefix, key, list(group.keys), name or "the config"))
+    return errors + (_cross_errors(config) if not errors else [])
+
+
+def _cross_errors(config: dict) -> list[str]:
+    """Constraints between keys of the framework's groups."""
+    optim = config["optim"]
+    if "min_lr" in optim and "lr" in optim and optim["min_lr"] > optim["lr"]:
+        return [f"optim.min_lr={optim['min_lr']} must be at most optim.lr={optim['lr']}"]
+    return []
+
+
+def _unknown(prefix: str, key: str, known: list[str], where: str) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+    return f"{prefix}{key} is not a key of {where}; {hint}its keys are {sorted(known)}"
