@@ -21,14 +21,30 @@ def main() -> None:
     from blocklab.overrides import command_line_error, is_multirun
 
     if os.environ.get("HYDRA_FULL_ERROR") != "1":
-        error = command_line_error(sys.argv[1:])
-        if error is not None:
-            for line in error.splitlines():
-                print(f"error: {line}", file=sys.stderr)
-            raise SystemExit(2)
+        _exit_on(command_line_error(sys.argv[1:]))
+        _check_single_run(sys.argv[1:])
     if is_multirun(sys.argv[1:]):
         _check_every_job(sys.argv[1:])
     train()
+
+
+def _check_single_run(argv: list[str]) -> None:
+    """The checks that need a component's own code (the registries, the task), once torch is imported but
+    before Lightning is, or Hydra makes a run directory. The task built here is the one the run uses."""
+    from blocklab.overrides import single_run_config
+
+    config = single_run_config(argv)
+    if config is not None:
+        from blocklab.experiment import config_errors
+
+        _exit_on("\n".join(config_errors(config)) or None)
+
+
+def _exit_on(error: str | None) -> None:
+    if error is not None:
+        for line in error.splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _check_every_job(argv: list[str]) -> None:

@@ -3,7 +3,7 @@ config groups, the task and model config they describe, and its run directory.""
 import dataclasses
 import json
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
@@ -39,8 +39,8 @@ def config_errors(groups: dict) -> list[str]:
         errors = _task_errors(_frozen(groups["task"]), seq2seq)
         if errors:
             return errors
-        vocab_size, max_len = _task_shape(_frozen(groups["task"]), groups["seed"], seq2seq)
-        return ModelConfig.from_groups(groups, vocab_size=vocab_size, max_len=max_len).errors()
+        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq)
+        return ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len).errors()
     except ConfigError as err:
         return str(err).splitlines()
 
@@ -54,11 +54,11 @@ def _task_errors(task: str, seq2seq: bool) -> list[str]:
     return task_errors(json.loads(task), seq2seq)
 
 
-@cache
-def _task_shape(task: str, seed: int, seq2seq: bool) -> tuple[int, int]:
-    """The vocabulary and longest sequence a task config gives (built once per distinct task: an LM reads its corpus)."""
-    built = build_task(json.loads(task), seed, seq2seq)
-    return built.vocab_size, built.max_seq_len
+@lru_cache(maxsize=8)
+def _task(task: str, seed: int, seq2seq: bool) -> Task:
+    """A task built once per process for a given config: the command line's checks and the run share it (an LM
+    reads and tokenizes its corpus; a task does not change once built)."""
+    return build_task(json.loads(task), seed, seq2seq)
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Setup:
             errors = task_errors(groups["task"], seq2seq)
         if errors:
             raise ConfigError("\n".join(errors))
-        task = build_task(groups["task"], groups["seed"], seq2seq)
+        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq)
         model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len)
         errors = model_cfg.errors()
         if errors:

@@ -42,14 +42,24 @@ def command_line_error(argv: list[str]) -> str | None:
         return None  # Hydra's own answer: help, a bad flag, or a primary config other than ours
     try:
         check_overrides(args.overrides, multirun=args.multirun)
-        # A single run's values are checked here too (a sweep checks every job, after importing torch);
-        # --cfg only prints the config.
-        errors = [] if args.multirun or args.cfg else schema_errors(job_config(args.overrides))
+        # A single run's values are checked here too (a sweep checks every job, after importing torch).
+        config = single_run_config(argv)
+        errors = [] if config is None else schema_errors(config)
     except OverrideError as err:
         return str(err)
     except (HydraException, OmegaConfBaseException, ValueError):
         return None  # a failure this check has no line for: Hydra's own answer, as before
     return "\n".join(errors) or None
+
+
+def single_run_config(argv: list[str]) -> dict | None:
+    """The config a command line would train, or None where it trains none here: a multirun (every job is
+    checked by the sweep), --cfg (prints the config), help, or a primary config other than ours."""
+    args = _hydra_args(argv)
+    if args is None or args.multirun or args.cfg or args.help or args.hydra_help or args.shell_completion \
+            or args.experimental_rerun or args.config_path or args.config_name or args.config_dir:
+        return None
+    return job_config(args.overrides)
 
 
 def job_config(overrides: list[str]) -> dict:
