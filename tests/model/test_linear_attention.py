@@ -359,11 +359,14 @@ def test_bad_input_is_one_line_naming_the_key_and_fix(kind, fields, says):
     assert len(errs) == 1 and errs[0].startswith(says) and "\n" not in errs[0], errs
 
 
+@pytest.mark.parametrize("fields", [dict(window=4), dict(pattern="strided")], ids=["window", "strided"])
 @pytest.mark.parametrize("kind", [*LINEAR, "linformer"])
-def test_a_window_is_a_one_line_error(kind):
-    """A window is a softmax mask (and a running state cannot drop keys)."""
-    errs = cfg_errors(kind, causal=kind in LINEAR, window=4)
-    assert len(errs) == 1 and "\n" not in errs[0] and ("attn.window" in errs[0] or "attn.pattern" in errs[0]), errs
+def test_a_window_or_sparse_pattern_is_a_one_line_error(kind, fields):
+    """A window or sparse pattern is a softmax mask, which these kinds never form (and a running state cannot
+    drop keys)."""
+    errs = cfg_errors(kind, causal=kind in LINEAR, **fields)
+    key = next(iter(fields))
+    assert len(errs) == 1 and "\n" not in errs[0] and f"attn.{key}" in errs[0], errs
 
 
 @pytest.mark.parametrize("kind", [*LINEAR, "linformer"])

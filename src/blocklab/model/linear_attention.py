@@ -13,8 +13,8 @@ before; time O(T C m d), memory linear in T (T/C states of m x d). Decoding keep
 in place of the KV cache. The subclasses define phi: `linear` elu(x)+1, `performer` FAVOR+.
 
 Common to both: an additive position bias (ALiBi, T5) cannot be factorized into phi(q).phi(k), so it is
-a config error, and so are a window or a sparse pattern (they are softmax masks; a running state cannot
-drop keys). Padded keys get phi(k) = 0 and v = 0: they contribute nothing. No attention dropout: the
+a config error, and so are a window or a sparse pattern (softmax masks: these kinds do not honour
+patterns, and a running state cannot drop keys). Padded keys get phi(k) = 0 and v = 0: they contribute nothing. No attention dropout: the
 weights are never formed (model.dropout still applies to embeddings and residual branches). GQA/MQA:
 the query heads of a group share their K/V head's features and state. The sums run in float32 at
 least, whatever autocast says: low-precision prefix sums over long sequences lose the small terms."""
@@ -52,15 +52,12 @@ def key_valid(ctx: AttentionContext, count: int) -> Tensor | None:
 
 
 def common_errors(kind: str, cfg) -> list[str]:
-    """What no kind that replaces softmax's score matrix can honour: an additive bias and a window."""
-    errs = []
+    """What no kind that replaces softmax's score matrix can honour: an additive bias. (A window or sparse
+    pattern the config refuses for every kind that does not honour patterns, as these do not.)"""
     if cfg.pos.name in POSITION_SCHEMES and POSITION_SCHEMES[cfg.pos.name].adds_bias():
-        errs.append(f"pos={cfg.pos.name} adds a bias to every score, which attn.kind={kind} never forms (the bias "
-                    f"cannot be factorized into its features); use pos=rope, pos=none or an absolute scheme")
-    if cfg.attn.window is not None:
-        errs.append(f"attn.window={cfg.attn.window} is a softmax mask, which attn.kind={kind} never forms; "
-                    f"set attn.window=null (or use attn.kind=softmax)")
-    return errs
+        return [f"pos={cfg.pos.name} adds a bias to every score, which attn.kind={kind} never forms (the bias "
+                f"cannot be factorized into its features); use pos=rope, pos=none or an absolute scheme"]
+    return []
 
 
 def with_defaults(kind: str, options: dict) -> dict:
