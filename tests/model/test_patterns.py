@@ -3,7 +3,6 @@ here from the papers, causality, blocked kernels against the dense masked comput
 gradients), decoding with the cache against full recomputation, and one-line config errors."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig

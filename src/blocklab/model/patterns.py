@@ -55,8 +55,8 @@ def _count_errors(key: str, value, cfg, least: int = 1) -> list[str]:
     if isinstance(value, int) and not isinstance(value, bool) and least <= value <= cfg.max_len:
         return []
     noun = "a positive integer" if least == 1 else "a non-negative integer"
-    return [f"attn.{key}={value!r} must be {noun} no longer than the context (model.max_len={cfg.max_len}, "
-            f"the task's longest sequence)"]
+    return [(f"attn.{key}={value!r} must be {noun} no longer than the context (model.max_len={cfg.max_len}, "
+             f"the task's longest sequence)")]
 
 
 @ATTENTION_PATTERNS.register("full")
