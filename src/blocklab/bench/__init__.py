@@ -1,4 +1,4 @@
-"""Benchmark suite: `python -m blocklab.bench [NAME ...] [--size tiny] [--out PATH]`."""
+"""Benchmark suite: `python -m blocklab.bench [NAME ...] [--size tiny | --quick] [--out PATH]`."""
 from blocklab.bench.suites import BENCHMARKS
 
 __all__ = ["BENCHMARKS"]

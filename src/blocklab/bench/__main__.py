@@ -1,6 +1,7 @@
-"""`python -m blocklab.bench [step overhead startup attention decode activations] [--out PATH]`:
-runs the named benchmarks (all by default), prints a table per benchmark and its targets, and
-writes everything to one JSON file (default outputs/bench/bench-<time>.json)."""
+"""`python -m blocklab.bench [step overhead startup attention decode activations] [--quick] [--out PATH]`:
+runs the named benchmarks (all by default), prints a table per benchmark (or the tables it asks for),
+its notes and targets, and writes everything to one JSON file (default outputs/bench/bench-<time>.json,
+and each benchmark's latest result to outputs/bench/<name>.json, where the report looks for it)."""
 import argparse
 import json
 import platform
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from blocklab.bench.suites import BENCHMARKS
+from blocklab.results import console_kwargs
 
 
 def main(argv=None) -> int:
@@ -20,10 +22,11 @@ def main(argv=None) -> int:
     parser.add_argument("names", nargs="*", choices=[[], *BENCHMARKS], metavar="NAME",
                         help=f"benchmarks to run (default: all): {' '.join(BENCHMARKS)}")
     parser.add_argument("--size", choices=["full", "tiny"], default="full", help="tiny: a smoke test, figures meaningless")
+    parser.add_argument("--quick", dest="size", action="store_const", const="tiny", help="the same as --size tiny")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
-    console = Console()
+    console = Console(**console_kwargs())
     results = {"machine": {"cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
                            "python": platform.python_version(), "command": " ".join(["python -m blocklab.bench", *(argv or sys.argv[1:])])},
                "benchmarks": {}}
@@ -33,19 +36,26 @@ def main(argv=None) -> int:
             result = BENCHMARKS[name](args.size)
         result["wall_s"] = round(time.perf_counter() - start, 1)
         results["benchmarks"][name] = result
-        console.print(_table(name, result))
+        head = f"{name} ({result['wall_s']} s)"
+        for title, rows in result.get("tables", {"": result["rows"]}).items():
+            console.print(_table(f"{head}: {title}" if title else head, rows))
+        for note in result.get("notes", []):
+            console.print(f"note: {note}", soft_wrap=True, markup=False)
         console.print(_targets(name, result["targets"]))
-    out = args.out or Path("outputs") / "bench" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    console.print(f"wrote {out}")
+    outs = {args.out: results} if args.out else {
+        Path("outputs") / "bench" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json": results,
+        **{Path("outputs") / "bench" / f"{name}.json": {**results, "benchmarks": {name: result}}
+           for name, result in results["benchmarks"].items()}}
+    for out, content in outs.items():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(content, indent=2) + "\n")
+        console.print(f"wrote {out}")
     return 0
 
 
-def _table(name: str, result: dict) -> Table:
-    rows = result["rows"]
+def _table(title: str, rows: list[dict]) -> Table:
     columns = list(dict.fromkeys(key for row in rows for key in row))
-    table = Table(title=f"{name} ({result['wall_s']} s)")
+    table = Table(title=title)
     for column in columns:
         table.add_column(column, justify="left" if isinstance(rows[0].get(column), str) else "right")
     for row in rows:
@@ -58,8 +68,9 @@ def _targets(name: str, targets: dict) -> Table:
     for column in ("target", "value", "limit", "met", "off by"):
         table.add_column(column)
     for key, v in targets.items():
-        met = "[green]yes[/green]" if v["met"] else "[red]no[/red]"
-        table.add_row(key, str(v["value"]), str(v["target"]), met, "" if v["met"] else f"{100 * v['off_by']:.1f}%")
+        met = "[green]PASS[/green]" if v["met"] else "[red]MISS[/red]"
+        limit = f"{v['target']} ± {v['tolerance']}" if "tolerance" in v else str(v["target"])
+        table.add_row(key, str(v["value"]), limit, met, "" if v["met"] else f"{100 * v['off_by']:.1f}%")
     return table
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from blocklab.bench.attention import attention
 from blocklab.bench.common import (PlainLoop, attn_presets, baby, baby_choice, baby_config, baby_optim, batches,
                                    interleaved, matmul_peak_gflops, nanogpt_step, train_flops, verdict)
 from blocklab.model import build_model
@@ -246,71 +247,6 @@ def _probe_run(args: list[str], cwd: str) -> dict:
             else:
                 previous = stamp
     return {"first": first, "last_before": last_before, "total": total, "start": start}
-
-
-# ----------------------------------------------------------------------------------- attention
-
-def _peak_bytes(fn) -> int | None:
-    """Peak resident memory added while fn runs: Linux resets the high-water mark on request
-    (/proc/self/clear_refs), and large tensors are their own mmaps, returned to the OS when freed."""
-    def status(key):
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
-
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return None  # not Linux: no figure rather than a wrong one
-    base = status("VmRSS")
-    fn()
-    return status("VmHWM") - base
-
-
-def attention(size: str = "full") -> dict:
-    """Forward + backward of one attention layer (baby width, batch 1) vs sequence length: SDPA vs the
-    explicit softmax path, and the position schemes that act inside attention (RoPE, ALiBi, T5 bias)."""
-    from blocklab.model.attention import build_attention
-    from blocklab.model.mask import self_attention_context
-    from blocklab.model.position import build_position
-
-    lengths = [16, 32] if size == "tiny" else [64, 256, 1024, 4096]
-    d, h = (32, 4) if size == "tiny" else (baby()["d_model"], baby()["n_heads"])
-    rows = []
-    for length in lengths:
-        torch.manual_seed(0)
-        attn = build_attention(baby_config(d_model=d, n_heads=h))  # the baby's attention (mha), one layer
-        x = torch.randn(1, length, d, requires_grad=True)
-        idx = torch.zeros(1, length, dtype=torch.long)
-        fns = {}
-        # NoPE first: the baseline, also timed on the explicit path; then the schemes acting inside attention.
-        for order, scheme_name in enumerate(("none", "rope", "alibi", "t5_bias")):
-            scheme = build_position(scheme_name, d, h, d // h, True)
-            for path in ("sdpa", "explicit") if order == 0 else ("sdpa",):
-                def fn(scheme=scheme, weights=path == "explicit"):
-                    ctx = self_attention_context(idx, None, None, None, scheme, True, None, need_weights=weights)
-                    attn(x, ctx).sum().backward()
-                fns[(scheme_name, path)] = fn
-        iters = 1 if size == "tiny" or length >= 1024 else 5
-        times = interleaved(fns, 1 if size == "tiny" else 3, iters, warmup=1)
-        for (scheme_name, path), fn in fns.items():
-            rows.append({"length": length, "pos": scheme_name, "path": path, "ms": round(times[(scheme_name, path)]["ms"], 3),
-                         "peak_mb": _mb(_peak_bytes(fn))})
-    by = {(r["length"], r["pos"], r["path"]): r for r in rows}
-    longest = lengths[-1]
-    sdpa, explicit = by[(longest, "none", "sdpa")], by[(longest, "none", "explicit")]
-    targets = {
-        f"sdpa_vs_explicit_time_at_{longest}": verdict(sdpa["ms"] / explicit["ms"], 1.0),
-    }
-    if sdpa["peak_mb"] is not None and explicit["peak_mb"]:
-        targets[f"sdpa_vs_explicit_memory_at_{longest}"] = verdict(sdpa["peak_mb"] / explicit["peak_mb"], 0.5)
-    for name in ("rope", "alibi", "t5_bias"):
-        targets[f"{name}_vs_nope_at_{longest}"] = verdict(by[(longest, name, "sdpa")]["ms"] / sdpa["ms"], 1.10)
-    return {"rows": rows, "targets": targets}
-
-
-def _mb(n: int | None) -> float | None:
-    return None if n is None else round(n / 2 ** 20, 1)
 
 
 # -------------------------------------------------------------------------------------- decode
