@@ -20,6 +20,7 @@ from blocklab.model.config import AttnConfig, PosConfig
 from blocklab.model.ffn import ACTIVATIONS
 from blocklab.model.init import INIT_SCHEMES
 from blocklab.model.norm import NORM_TYPES, PLACEMENTS
+from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES, PositionScheme
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import read_results
@@ -152,11 +153,11 @@ def test_runtime_plugins_are_validated_by_their_declared_options(plugins, overri
 
 # ------------------------------------------------------------------ no variant names outside registries
 
-REGISTRIES = [POSITION_SCHEMES, ATTENTION_KINDS, NORM_TYPES, PLACEMENTS, ACTIVATIONS, INIT_SCHEMES, ARCHITECTURES,
-              TASKS]
+REGISTRIES = [POSITION_SCHEMES, ATTENTION_KINDS, ATTENTION_PATTERNS, NORM_TYPES, PLACEMENTS, ACTIVATIONS, INIT_SCHEMES,
+              ARCHITECTURES, TASKS]
 # Expressions that hold a variant's name: config fields and the usual local names for them.
 NAME_HOLDERS = {"name", "kind", "arch", "placement", "type", "norm_type", "scheme_name", "pos", "act", "attn", "init",
-                "task", "variant", "scheme"}
+                "task", "variant", "scheme", "pattern", "pattern_name"}
 
 
 def _holds_a_name(node: ast.expr) -> bool:
