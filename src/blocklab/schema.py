@@ -224,21 +224,27 @@ GROUPS = tuple(name for name in SCHEMA if name)
 
 def schema_errors(config: dict) -> list[str]:
     """One line per key whose value its spec refuses, and per unknown key of a group nobody else owns."""
-    errors = []
     top = {key: value for key, value in config.items() if key not in GROUPS and key != "hydra"}
-    for name, group in SCHEMA.items():
+    errors = []
+    for name in SCHEMA:
         values = top if not name else config.get(name)
         if not isinstance(values, dict):
             errors.append(f"{name}={values!r} must be a group of keys; choose one of its options ({name}=...)")
             continue
-        prefix = f"{name}." if name else ""
-        for key, value in values.items():
-            spec = group.keys.get(key)
-            if spec is not None:
-                errors += filter(None, [spec.error(prefix + key, value)])
-            elif group.owner is None:
-                errors.append(_unknown(prefix, key, list(group.keys), name or "the config"))
+        errors += group_errors(name, values)
     return errors + (_cross_errors(config) if not errors else [])
+
+
+def group_errors(name: str, values: dict) -> list[str]:
+    """The schema's errors for one group's keys ('' for the top-level keys)."""
+    group, prefix, errors = SCHEMA[name], f"{name}." if name else "", []
+    for key, value in values.items():
+        spec = group.keys.get(key)
+        if spec is not None:
+            errors += filter(None, [spec.error(prefix + key, value)])
+        elif group.owner is None:
+            errors.append(_unknown(prefix, key, list(group.keys), name or "the config"))
+    return errors
 
 
 def _cross_errors(config: dict) -> list[str]:

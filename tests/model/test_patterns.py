@@ -301,13 +301,13 @@ def config(max_len=32, kind="softmax", **attn) -> ModelConfig:
 
 
 @pytest.mark.parametrize("attn, message", [
-    (dict(window=0), "attn.window=0 must be a positive integer no longer than the context (model.max_len=32"),
-    (dict(pattern="window", window=-3), "attn.window=-3 must be a positive integer"),
+    (dict(window=0), "attn.window=0 must be null (full attention) or a positive integer"),
+    (dict(pattern="window", window=-3), "attn.window=-3 must be null (full attention) or a positive integer"),
     (dict(pattern="window", window=33), "attn.window=33 must be a positive integer no longer than the context"),
     (dict(pattern="window"), "attn.window=None must be a positive integer"),
     (dict(pattern="strided", pattern_options=dict(stride=0)), "attn.stride=0 must be a positive integer"),
     (dict(pattern="strided", pattern_options=dict(stride=40)), "attn.stride=40 must be a positive integer no longer"),
-    (dict(pattern="strided", window=0, pattern_options=dict(stride=4)), "attn.window=0 must be a positive integer"),
+    (dict(pattern="strided", window=0, pattern_options=dict(stride=4)), "attn.window=0 must be null (full attention) or"),
     (dict(pattern="dilated", window=4, pattern_options=dict(dilation=0)), "attn.dilation=0 must be a positive"),
     (dict(pattern="dilated", window=4, pattern_options=dict(dilation=33)), "attn.dilation=33 must be a positive"),
     (dict(pattern="dilated", window=8, pattern_options=dict(dilation=5)),

@@ -2,8 +2,7 @@
 
 Validation lives here, once: `ModelConfig.errors()` lists every problem as one line that names
 the offending key and the fix, before anything is built or written."""
-import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from blocklab.errors import ConfigError
@@ -14,7 +13,7 @@ from blocklab.model.norm import NORM_TYPES, PLACEMENTS, norm_name
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES
 from blocklab.model.transformer import ARCHITECTURES
-from blocklab.registry import is_number
+from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors
 
 SUBGROUPS = ("norm", "pos", "attn", "act", "init")  # ModelConfig fields filled from their own yaml groups
 
@@ -136,9 +135,8 @@ class ModelConfig:
     def from_groups(cls, groups: dict, vocab_size: int, max_len: int) -> "ModelConfig":
         """Build from the plain dicts of the yaml groups: model, norm, pos, attn, act, init. Keys no field
         takes are a ConfigError naming the closest field (pos and attn pass theirs to the variant)."""
-        unknown = [line for group, part in (("model", cls), ("norm", NormConfig), ("act", ActConfig),
-                                            ("init", InitConfig))
-                   for line in unknown_keys(groups[group], part, group, exclude={"vocab_size", "max_len"})]
+        unknown = [line for group in ("model", "norm", "act", "init")
+                   for line in group_errors(group, groups[group]) if " is not a key of " in line]
         if unknown:
             raise ConfigError("\n".join(unknown))
         model = dict(groups["model"])
@@ -171,23 +169,16 @@ class ModelConfig:
         return {**POSITION_SCHEMES[self.pos.name].derived_options(self), **given}
 
     def errors(self) -> list[str]:
-        errs = []
-        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
-            value = getattr(self, key)
-            if key == "d_ff" and value is None:
-                continue  # derived from an invalid d_model, reported above
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                errs.append(f"model.{key}={value!r} must be a positive integer")
+        """Every problem, one line each: the schema's types and ranges first, then the registries' checks."""
+        errs = [] if POSITIVE_INT.accepts(self.vocab_size) else [f"model.vocab_size={self.vocab_size!r} must be "
+                                                                 f"{POSITIVE_INT.expect}"]
+        errs += [line for group, values in self._fields_by_group() for line in group_errors(group, values)]
         if errs:
             return errs  # the checks below divide by these
         if self.d_model % self.n_heads:
             divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             errs.append(f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}; "
                         f"use one of {divisors}")
-        if not 0 <= self.dropout < 1:
-            errs.append(f"model.dropout={self.dropout} must be in [0, 1)")
-        if not (is_number(self.norm.eps) and self.norm.eps > 0):
-            errs.append(f"norm.eps={self.norm.eps!r} must be a positive number (it keeps the norm's division finite)")
         for registry, name in ((ARCHITECTURES, self.arch), (NORM_TYPES, self.norm.type),
                                (PLACEMENTS, self.norm.placement), (ACTIVATIONS, self.act.name),
                                (INIT_SCHEMES, self.init.name)):
@@ -195,15 +186,19 @@ class ModelConfig:
                 errs.append(registry.unknown(name))
         return errs + self._attention_errors() + self._position_errors(heads_divide=not self.d_model % self.n_heads)
 
+    def _fields_by_group(self) -> list[tuple[str, dict]]:
+        """This config's fields as the yaml groups hold them, for the schema's checks."""
+        model = {f.name: getattr(self, f.name) for f in fields(self)
+                 if f.name not in ("vocab_size", "max_len", *SUBGROUPS)}
+        attn = {key: getattr(self.attn, key) for key in SCHEMA["attn"].keys}
+        return [("model", model), ("norm", asdict(self.norm)), ("attn", attn), ("act", asdict(self.act)),
+                ("init", asdict(self.init))]
+
     def _attention_errors(self) -> list[str]:
         errs, kv = [], self.attn.n_kv_heads
-        if kv is not None and (not isinstance(kv, int) or kv <= 0 or self.n_heads % kv):
+        if kv is not None and self.n_heads % kv:
             errs.append(f"attn.n_kv_heads={kv} must divide model.n_heads={self.n_heads}; "
                         f"use one of {[k for k in range(1, self.n_heads + 1) if self.n_heads % k == 0]}")
-        scale = self.attn.scale
-        if not (scale is None or scale in ("default", "none")
-                or (is_number(scale) and scale > 0)):
-            errs.append(f"attn.scale={scale!r} must be null (1/sqrt(d_head)), 'none' (1) or a positive number")
         if self.attn.kind not in ATTENTION_KINDS:
             return errs + [ATTENTION_KINDS.unknown(self.attn.kind)]
         name = self.attn.pattern_name
@@ -235,14 +230,3 @@ class ModelConfig:
             return errs  # the scheme's own checks compute with its options and the head size
         options = {**POSITION_SCHEMES.options(self.pos.name), **self.position_options()}
         return POSITION_SCHEMES[self.pos.name].errors(self, options)
-
-
-def unknown_keys(values: dict, part: type, group: str, exclude: set[str] = frozenset()) -> list[str]:
-    """One line per key of `values` that the dataclass `part` has no field for, with the closest field."""
-    known = [f.name for f in fields(part) if f.name not in exclude and f.name not in SUBGROUPS]
-    lines = []
-    for key in sorted(set(values) - set(known)):
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f"did you mean {group}.{close[0]}? " if close else ""
-        lines.append(f"{group}.{key} is not a key of {group}; {hint}its keys are {sorted(known)}")
-    return lines
