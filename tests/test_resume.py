@@ -3,19 +3,21 @@ uninterrupted one does; bad checkpoints are clear errors, never a silent restart
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+import torch
 from lightning.pytorch.callbacks import Callback
 
 import blocklab.train.run as run_module
 from blocklab.errors import ConfigError
 from blocklab.results import read_results
 from blocklab.train.run import prepare
-from conftest import FAST, ROOT, compose_config, run_in_process
+from conftest import FAST, ROOT, compose_config, run_cli, run_in_process
 
 ARGS = ["logger=none", "trainer.max_steps=120", "trainer.val_check_interval=60", "checkpoint_every=10",
         "task.eval_examples=16", "diagnostics.every_n_steps=40"]
@@ -142,3 +144,68 @@ def test_train_time_and_throughput_count_the_part_before_the_interrupt(tmp_path,
     results = read_results(run_dir)
     assert results["train_time_s"] >= before + after
     assert results["ms_per_step"] * results["steps"] / 1000 >= before + after
+
+
+class KeepCheckpointAt(Callback):
+    """Copies last.ckpt aside after step `step`: restoring the copy after an interruption is a resume from a
+    process killed outright (no checkpoint saved at the interrupt, only the periodic one before it)."""
+
+    def __init__(self, step: int, run_dir, copy):
+        self.step, self.run_dir, self.copy = step, run_dir, copy
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            shutil.copy(self.run_dir / "checkpoints" / "last.ckpt", self.copy)
+
+
+def final_weights(run_dir) -> dict:
+    """Read as generate and analyze read them: torch's weights-only loader."""
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.mark.parametrize("killed", [False, True])
+def test_dropout_resume_is_bit_identical(tmp_path, monkeypatch, killed):
+    """Dropout draws from the global random state, which the checkpoint carries. Killed: the resume starts from
+    the periodic step-10 checkpoint, saved before that step's validation."""
+    interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
+    overrides = [*FAST, "model.dropout=0.3", "checkpoint_every=5"]
+    interrupt(monkeypatch, overrides, interrupted, 12, KeepCheckpointAt(12, interrupted, tmp_path / "step10.ckpt"))
+    if killed:
+        shutil.copy(tmp_path / "step10.ckpt", interrupted / "checkpoints" / "last.ckpt")
+    with_callbacks(monkeypatch)
+    run_in_process(overrides, interrupted)
+    run_in_process(overrides, straight)
+    assert comparable(read_results(interrupted)) == comparable(read_results(straight))
+    resumed_weights, straight_weights = final_weights(interrupted), final_weights(straight)
+    assert all(torch.equal(resumed_weights[name], straight_weights[name]) for name in straight_weights)
+
+
+def test_diagnostics_first_enabled_at_resume_measure_at_the_resumed_step(tmp_path, monkeypatch):
+    """The model resumes at step 12: its first measurement says so, and nothing claims to be the init."""
+    run_dir = tmp_path / "run"
+    interrupt(monkeypatch, [*FAST, "diagnostics=none"], run_dir, 12)
+    with_callbacks(monkeypatch)
+    run_in_process([*FAST, "diagnostics.every_n_steps=5"], run_dir)
+    history = json.loads((run_dir / "diagnostics" / "history.json").read_text())
+    assert [(h["tag"], h["step"]) for h in history] == [("resume", 12), ("step15", 15), ("end", 20)]
+    assert "init" not in read_results(run_dir)["diagnostics"]
+    assert not list(run_dir.glob("diagnostics/*init*"))
+
+
+def test_the_last_checkpoint_is_the_end_whatever_the_schedule(run_dir):
+    run_in_process([*FAST, "checkpoint_every=7"], run_dir)  # 20 steps: periodic checkpoints at 7 and 14 only
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 20
+
+
+def test_resume_with_another_checkpoint_schedule_in_a_moved_directory_is_quiet(tmp_path, monkeypatch):
+    """checkpoint_every and the run directory may change at a resume (they change no result): no warning about
+    the checkpoint callback, no restore chatter; the console says it resumes, and its bar counts the whole run.
+    The resumed run goes on writing last.ckpt, the file a second resume reads."""
+    run_dir = tmp_path / "run"
+    interrupt(monkeypatch, [*FAST, "checkpoint_every=5"], tmp_path / "first", 12)
+    (tmp_path / "first").rename(run_dir)
+    resumed = run_cli([*FAST, "checkpoint_every=7", f"hydra.run.dir={run_dir}"])
+    assert resumed.returncode == 0 and resumed.stderr == ""
+    assert f"resuming {run_dir} from step 12" in resumed.stdout and "20/20" in resumed.stdout
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["last.ckpt"]  # not a last-v1.ckpt beside it
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 20

@@ -3,7 +3,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lightning.pytorch.callbacks import Callback, RichProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
 from blocklab.results import console_kwargs
 
@@ -38,11 +38,37 @@ class StepProgressBar(RichProgressBar):
     def _get_train_description(self, current_epoch: int) -> str:
         return "train"
 
+    @property
+    def total_train_batches(self) -> int | float:
+        # The whole run's steps: a resumed run's bar counts on from its step (Lightning's total is what is left).
+        return self.trainer.max_steps if self.trainer.max_steps > 0 else super().total_train_batches
+
     def get_metrics(self, trainer, pl_module):
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
         # Short names keep the bar on one 80-column line (a log file wraps a longer one).
         return {SHORT_METRIC_NAMES.get(name, name): value for name, value in metrics.items()}
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """checkpoints/last.ckpt every `every` steps and at the end, always that file (no version counter: a resume
+    whose callback did not know the file would write last-v1.ckpt beside it). One fixed file and no top-k leave
+    it no state worth restoring, so it saves none: Lightning keys a callback's saved state by its settings
+    (checkpoint_every among them) and checks the folder named in it, so a resume with another checkpoint_every,
+    or from a moved run directory, would warn."""
+
+    def __init__(self, dirpath: Path, every: int):
+        super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=every,
+                         enable_version_counter=False)
+
+    def state_dict(self) -> dict:
+        return {}  # Lightning saves no empty state, so there is none to load either
+
+    def on_train_end(self, trainer, pl_module):
+        # Lightning saves at the end only when the fit saved nothing before; here the end is always kept
+        # (generate and analyze read the trained model from this file).
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 class GracefulInterrupt(Callback):
@@ -66,5 +92,5 @@ class GracefulInterrupt(Callback):
     def on_exception(self, trainer, pl_module, exception):
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if trainer.global_step > 0:
-            trainer.save_checkpoint(self.checkpoint)
+            trainer.save_checkpoint(self.checkpoint, weights_only=False)  # explicit: Lightning logs its default
             print(f"saved {self.checkpoint} at step {trainer.global_step}", file=sys.stderr)

@@ -1,6 +1,7 @@
-"""Diagnostics during training: measurements on a fixed probe batch at init, every K steps and at
-the end, logged to the experiment logger and written to the run directory. They run in eval mode
-without touching the random state or leaving gradients behind, so the training is unchanged."""
+"""Diagnostics during training: measurements on a fixed probe batch at init (or at the resumed step when first
+enabled at a resume), every K steps and at the end, logged to the experiment logger and written to the run
+directory. They run in eval mode without touching the random state or leaving gradients behind, so the training
+is unchanged."""
 import json
 from pathlib import Path
 from typing import Callable
@@ -65,12 +66,14 @@ class Diagnostics(Callback):
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = state_dict["history"]
 
-    def on_fit_start(self, trainer, pl_module):
-        if self.history:  # resumed: init was measured before the interruption
+    def on_train_start(self, trainer, pl_module):
+        # Not on_fit_start: a resume restores global_step only after it.
+        if self.history:  # resumed: the start was measured before the interruption
             return
-        model = pl_module.model
-        self._measure(trainer, model, "init", 0, lambda: probe_gradients(model, self.probe),
-                      self.attention_maps != "none")
+        model, step = pl_module.model, trainer.global_step
+        # Diagnostics first enabled at a resume measure the model where it is, not as if at init.
+        self._measure(trainer, model, "init" if step == 0 else "resume", step,
+                      lambda: probe_gradients(model, self.probe), self.attention_maps != "none")
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         step = trainer.global_step
@@ -93,5 +96,6 @@ class Diagnostics(Callback):
         """For results.json: the first and last measurement, and where the rest is."""
         if not self.history:
             return {}
-        return {"init": self.history[0], "end": self.history[-1], "every_n_steps": self.every_n_steps,
-                "history": str(Path(self.out_dir.name) / "history.json")}
+        first = self.history[0]  # not the init when diagnostics were first enabled at a resume
+        return {**({"init": first} if first["tag"] == "init" else {}), "end": self.history[-1],
+                "every_n_steps": self.every_n_steps, "history": str(Path(self.out_dir.name) / "history.json")}

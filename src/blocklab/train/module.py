@@ -5,6 +5,7 @@ import time
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType, grad_norm
 from torchmetrics import MeanMetric
@@ -33,6 +34,15 @@ def build_optimizer(model: torch.nn.Module, optim: dict) -> torch.optim.AdamW:
         [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
         lr=optim["lr"], betas=tuple(optim["betas"]), fused=True,
     )
+
+
+def rng_states() -> dict:
+    """The global random states (torch, CUDA, numpy, Python; Lightning's own collection), numpy's key as a list:
+    torch's weights-only loader, which generate and analyze read the checkpoint with, refuses numpy arrays."""
+    states = _collect_rng_states()
+    kind, key, *rest = states["numpy"]
+    states["numpy"] = (kind, key.tolist(), *rest)
+    return states
 
 
 class LitTransformer(L.LightningModule):
@@ -69,10 +79,14 @@ class LitTransformer(L.LightningModule):
     def on_save_checkpoint(self, checkpoint):
         self._count_train_time()  # a resume goes on from this checkpoint, and from the time spent up to it
         checkpoint["blocklab"] = {name: getattr(self, name) for name in self.TOTALS}
+        # Dropout draws from the global generators: a resume goes on with the next draws, not new ones.
+        checkpoint["rng_states"] = rng_states()
 
     def on_load_checkpoint(self, checkpoint):
         for name, value in checkpoint.get("blocklab", {}).items():
             setattr(self, name, value)
+        if "rng_states" in checkpoint:
+            _set_rng_states(checkpoint["rng_states"])
 
     def forward(self, idx, **kwargs):
         return self.model(idx, **kwargs)

@@ -9,7 +9,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from blocklab.experiment import Setup
 from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
-from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, StepProgressBar
+from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, LastCheckpoint, StepProgressBar
 from blocklab.train.checks import check_run_dir
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_logger, log_results
@@ -28,8 +28,10 @@ from blocklab.train.sweep import (in_sweep, job_overrides, relaunch_only_this_jo
                                   sweep_tags_and_group)
 
 # A run's console is its progress and its results: not Lightning's advertisements, its report of
-# accelerators a CPU run does not use, or its note that max_steps was reached.
-LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "`Trainer.fit` stopped:")
+# accelerators a CPU run does not use, its note that max_steps was reached, or its restore messages
+# (the run says itself that it resumes).
+LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "`Trainer.fit` stopped:",
+                     "Restoring states from the checkpoint", "Restored all states from the checkpoint")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
     lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER))
 # Lightning calls torch's deprecated pytree API on every fit; nothing a user can act on.
@@ -39,9 +41,8 @@ warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*
 def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
                    bar: StepProgressBar | None = None) -> list:
     """The callbacks every training run has (the overhead benchmark times its steps with the same)."""
-    checkpoints = ModelCheckpoint(dirpath=run_dir / CHECKPOINT.parent, save_last=True, save_top_k=0,
-                                  every_n_train_steps=checkpoint_every)
-    return [guard, bar or StepProgressBar(), checkpoints, GracefulInterrupt(run_dir / CHECKPOINT)]
+    return [guard, bar or StepProgressBar(), LastCheckpoint(run_dir / CHECKPOINT.parent, checkpoint_every),
+            GracefulInterrupt(run_dir / CHECKPOINT)]
 
 
 def prepare(cfg: DictConfig) -> Setup:
@@ -89,8 +90,10 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         callbacks.append(diagnostics)
     trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
 
-    train_loader = DataLoader(task.train_batches(start_step or 0), batch_size=None)
-    val_loader = DataLoader(task.validation_batches(), batch_size=None)
+    # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
+    # which dropout draws from and the checkpoint carries, exactly where the training steps leave it.
+    train_loader = DataLoader(task.train_batches(start_step or 0), batch_size=None, generator=torch.Generator())
+    val_loader = DataLoader(task.validation_batches(), batch_size=None, generator=torch.Generator())
     if start_step is not None:
         print(f"resuming {run_dir} from step {start_step}")
     try:
