@@ -28,3 +28,30 @@ def test_single_runs_make_no_claim_about_noise(tmp_path):
     rows = [run("copy", heads, 0, loss) for heads, loss in ((1, 0.5), (2, 0.4))]
     page = section("one_seed", {"compare": ["n_heads"]}, rows, tmp_path)
     assert "one run each, so the seed spread is unknown" in page and "twice the seed spread" not in page
+
+
+def test_tradeoff_plots_quality_against_a_cost_from_results_and_names_the_front(tmp_path):
+    """One point per setting at the seed means; a cost the report has no column for is read from the runs'
+    results.json by dotted path; the note lists each setting's numbers and the ones no other beats on both axes."""
+    import json
+
+    from blocklab.report.build import PLOTS, plot
+
+    settings = {"mha": (2.00, 500_000, 1000), "local": (2.05, 16_000, 3000), "linear": (2.30, 8_000, 2000),
+                "slow": (2.40, 600_000, 500)}
+    rows = []
+    for attn, (loss, state, speed) in settings.items():
+        for seed in (0, 1):
+            run_dir = tmp_path / f"{attn}-{seed}"
+            run_dir.mkdir()
+            (run_dir / "results.json").write_text(json.dumps({"costs": {"decode_state_bytes": state + 1000 * seed}}))
+            rows.append({**run("lm", 4, seed, loss + 0.01 * seed), "run": str(run_dir), "attn": attn,
+                         "tokens_per_s": speed})
+    assert "tradeoff" in PLOTS
+    spec = {"kind": "tradeoff", "metric": "final_val_loss", "x": "costs.decode_state_bytes", "by": "attn"}
+    note = plot(rows, spec, tmp_path / "tradeoff.png")
+    assert (tmp_path / "tradeoff.png").stat().st_size > 1000
+    assert "attn=local: final_val_loss 2.055 ± 0.007 at costs.decode_state_bytes 16500 ± 707" in note
+    assert note.endswith("Not beaten on both: attn=linear, attn=local, attn=mha.")  # `slow` loses on both
+    speed = plot(rows, {**spec, "x": "tokens_per_s"}, tmp_path / "speed.png")  # a column: higher is cheaper
+    assert speed.endswith("Not beaten on both: attn=local, attn=mha.")  # linear: slower and worse than local

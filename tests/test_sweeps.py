@@ -22,7 +22,8 @@ from conftest import CONF, ROOT, compose_config
 SWEEPS = CONF / "sweep"
 EXPECTED_JOBS = {"head_count": 36, "pe_copy": 18, "pe_addition": 18, "pe_lm": 18, "init_depth": 36,
                  "norm_placement": 32, "activations": 24, "attention_variants": 9, "causal_mask": 6,
-                 "rank_collapse": 12, "attention_scale": 18, "addition_format": 12}
+                 "rank_collapse": 12, "attention_scale": 18, "addition_format": 12, "attention_kinds": 36,
+                 "sparse_patterns": 24}
 
 
 def expand(name: str) -> list[list[str]]:
@@ -63,6 +64,23 @@ def test_position_sweeps_enumerate_every_scheme(name):
              for seed in range(3)}
     assert {tuple(job) for job in jobs} == typed
     assert {job[0].removeprefix("pos=") for job in jobs} == {p.stem for p in (CONF / "pos").glob("*.yaml")}
+
+
+def test_sparse_patterns_jobs_are_sized_so_the_supports_decide(tmp_path):
+    """Every sparse job has the sweep's window, whose reach through the model's layers is shorter than periodic's
+    period and than keyed's longest training length; strided's stride is the period and global holds the first
+    token; full attention has no window."""
+    for i, job in enumerate(expand("sparse_patterns")):
+        cfg = compose_config(["sweep=sparse_patterns", *job], tmp_path / str(i))
+        if cfg.attn.pattern is None:
+            assert cfg.attn.window is None and prepare(cfg).model_cfg.attn_label == "mha"
+            continue
+        reach = cfg.model.n_layers * (cfg.attn.window - 1)
+        assert reach < (cfg.task.period if cfg.task.name == "periodic" else cfg.task.max_len)
+        if cfg.task.name == "periodic" and cfg.attn.pattern == "strided":
+            assert cfg.attn.stride == cfg.task.period
+        if cfg.attn.pattern == "global":
+            assert cfg.attn.n_global >= 1
 
 
 def sweep_dirs(overrides: list[str]) -> tuple[str, str]:

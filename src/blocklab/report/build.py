@@ -3,8 +3,10 @@ numbers, and one self-contained HTML page (images inlined, opens offline)."""
 import base64
 import csv
 import html
+import json
 import math
 from collections import defaultdict
+from functools import lru_cache
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from blocklab.registry import Registry  # noqa: E402
 from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER  # noqa: E402
+from blocklab.results import RESULTS_FILE  # noqa: E402
 
 TABLE_METRICS = ["final_val_loss", "final_train_loss", "exact_match_in", "exact_match_out", "params",
                  "tokens_per_s", "diverged", "steps_to_target_loss", "kv_cache_bytes_per_token",
@@ -156,6 +159,59 @@ def plot_bar(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> st
     return findings(rows, by, metric)
 
 
+@PLOTS.register("tradeoff")
+def plot_tradeoff(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """Quality (`metric`, y) against a cost (`x`), one point per setting at the seed means, seed spread as error
+    bars both ways. `x` (and `metric`) is a report column or a results.json field by dotted path
+    (costs.decode_state_bytes). The note names the settings no other beats on both axes (the Pareto front)."""
+    x = spec["x"]
+    points = []
+    for key, members in group(rows, by).items():
+        (mx, sx, nx), (my, sy, ny) = (mean_std([_value(m, name) for m in members]) for name in (x, metric))
+        if mx is not None and my is not None:
+            points.append((_label(dict(zip(by, key)), by), mx, sx, my, sy, min(nx, ny)))
+    for label, mx, sx, my, sy, _ in points:
+        ax.errorbar(mx, my, xerr=sx, yerr=sy, marker="o", capsize=3, label=label)
+    xs = [p[1] for p in points]
+    if xs and min(xs) > 0 and max(xs) > 10 * min(xs):  # bytes and speeds span orders of magnitude
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{x} ({'higher' if _higher(x) else 'lower'} is cheaper)")
+    _legend(ax)
+    if len(points) < 2:
+        return None
+
+    def beats(a, b):  # a at least as good as b on both axes and better on one
+        ge = [(a[i] >= b[i]) if _higher(name) else (a[i] <= b[i]) for i, name in ((1, x), (3, metric))]
+        return all(ge) and (a[1], a[3]) != (b[1], b[3])
+
+    front = [p for p in points if not any(beats(q, p) for q in points)]
+    listed = "; ".join(f"{p[0]}: {metric} {_fmt(p[3], p[4], p[5])} at {x} {_fmt(p[1], p[2], p[5])}" for p in points)
+    return (f"{metric} against {x} (mean ± std over seeds): {listed}. "
+            f"Not beaten on both: {', '.join(p[0] for p in front)}.")
+
+
+def _higher(name: str) -> bool:
+    """Whether more is better: quality scores and speeds; losses, bytes and times are better lower."""
+    name = name.split(".")[-1]
+    return name in HIGHER_IS_BETTER or name.endswith("_per_s")
+
+
+def _value(row: dict, name: str):
+    """A report column, or else a results.json field of the row's run by dotted path."""
+    if name in row:
+        return row[name]
+    value = _results(row["run"])
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+@lru_cache(maxsize=4096)
+def _results(run: str) -> dict:
+    path = Path(run) / RESULTS_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def _legend(ax) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6, ncol=2)
@@ -167,12 +223,13 @@ def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     rows = _select(rows, spec.get("where"))
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     note = PLOTS[kind](ax, rows, spec, metric, by)
+    where = ", ".join(f"{k}={v}" for k, v in (spec.get("where") or {}).items())  # which runs a plot shows
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} ({kind.replace('_', ' ')})", fontsize=10)
+    ax.set_title(f"{metric} ({kind.replace('_', ' ')}{', ' + where if where else ''})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    return note
+    return f"{where}: {note}" if note and where else note
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

@@ -6,8 +6,11 @@ from blocklab.tasks.interface import TASKS, Task
 from blocklab.tasks.copy import CopyTask
 from blocklab.tasks.addition import AdditionTask
 from blocklab.tasks.lm import LMTask
+from blocklab.tasks.periodic import PeriodicTask
+from blocklab.tasks.keyed import KeyedTask
 
-__all__ = ["TASKS", "Task", "CopyTask", "AdditionTask", "LMTask", "build_task", "task_errors"]
+__all__ = ["TASKS", "Task", "CopyTask", "AdditionTask", "LMTask", "PeriodicTask", "KeyedTask", "build_task",
+           "task_errors"]
 
 
 def task_errors(cfg: dict, seq2seq: bool = False) -> list[str]:

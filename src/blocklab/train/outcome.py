@@ -5,6 +5,7 @@ from blocklab.model import ModelConfig
 from blocklab.model.generate import generate
 from blocklab.tasks import Task
 from blocklab.schema import PRECISIONS
+from blocklab.train.costs import costs
 
 
 def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true") -> dict:
@@ -53,4 +54,5 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "train_lengths": list(task.train_lengths),
         "eval": rows,
         "decode": decode_stats(lit.model, task),
+        "costs": costs(lit.model, task),
     }

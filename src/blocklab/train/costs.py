@@ -1,0 +1,89 @@
+"""What a model costs, measured once after training (results.json `costs`, from outcome.py): peak memory of a
+training step at a training batch and at the longest context the model was built for, and greedy decoding speed
+and the decoding state held at that context. Training speed is results.json `tokens_per_s`."""
+import time
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from blocklab.model.generate import decoding
+from blocklab.tasks import Task
+from blocklab.tasks.base import IGNORE, model_inputs
+
+
+class PeakMemory(TorchDispatchMode):
+    """The most bytes of tensor storage made under it and alive at once (storage that existed before, such as the
+    weights, is not counted). Counted per operator, so the figure is the same on any device or allocator and in
+    any process; a kernel's internal scratch space is not seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key and key not in given and key not in self.live:  # new storage, not a view or an in-place result
+                self.live[key] = storage.nbytes()
+                self.now += storage.nbytes()
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(storage, self._free, key)
+        return out
+
+    def _free(self, key: int) -> None:
+        self.now -= self.live.pop(key)
+
+
+def step_peak_bytes(model, batch: dict) -> int:
+    """Peak memory of one forward + backward of `batch` beyond the weights (activations, gradients, temporaries;
+    the optimizer's state is not counted). Float32, whatever precision training used."""
+    was_training = model.training
+    model.train()
+    device = next(model.parameters()).device
+    batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, Tensor)}
+    with PeakMemory() as memory:
+        logits = model(batch["input"], **model_inputs(batch))
+        F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE).backward()
+        del logits
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    return memory.peak
+
+
+@decoding()
+def decode_at(model, context: int, new_tokens: int, batch: int) -> dict:
+    """Greedy cached decoding of the last `new_tokens` of `context` (random prompt tokens: speed and state do
+    not depend on them): tokens/s of those steps, and the state held per sequence at `context` tokens."""
+    shape, generator = (batch, context - new_tokens), torch.Generator().manual_seed(0)
+    prompt = torch.randint(model.cfg.vocab_size, shape, generator=generator).to(next(model.parameters()).device)
+    cache = model.new_cache()
+    token = model(prompt, cache=cache)[:, -1:].argmax(-1)
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        token = model(token, cache=cache)[:, -1:].argmax(-1)
+    elapsed = time.perf_counter() - start
+    return {"decode_tokens_per_s": batch * new_tokens / elapsed, "decode_state_bytes": cache.bytes() // batch}
+
+
+def costs(model, task: Task, new_tokens: int = 32, batch: int = 4) -> dict:
+    """The measurements at a training batch and at the model's longest context (model.cfg.max_len: the longest
+    sequence trained or evaluated). An encoder-decoder or bidirectional model records null where the
+    measurement needs a causal decoder."""
+    context = model.cfg.max_len
+    out = {"context": context, "step_peak_bytes": step_peak_bytes(model, next(iter(task.train_batches()))),
+           "context_step_peak_bytes": None, "decode_tokens_per_s": None, "decode_state_bytes": None}
+    if model.is_encoder_decoder or not model.cfg.attn.causal:
+        return out
+    ids = torch.randint(model.cfg.vocab_size, (1, context + 1), generator=torch.Generator().manual_seed(0))
+    out["context_step_peak_bytes"] = step_peak_bytes(model, {"input": ids[:, :-1], "target": ids[:, 1:]})
+    return {**out, **decode_at(model, context, min(new_tokens, context - 1), batch)}
