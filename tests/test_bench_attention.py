@@ -121,3 +121,21 @@ def test_quick_flag_is_the_tiny_size(tmp_path, monkeypatch):
                                                                                              "targets": {}})
     main(["attention", "--quick", "--out", str(tmp_path / "b.json")])
     assert seen == ["tiny"]
+
+
+def test_a_report_of_a_study_that_weighs_cost_carries_the_cost_section(bench, tmp_path, monkeypatch):
+    """`study.bench: attention` (attention_kinds, sparse_patterns) adds the bench's section to the report;
+    a study without it does not, and without a bench JSON the section says how to make one."""
+    from blocklab.report.build import build_report
+
+    monkeypatch.chdir(tmp_path)
+
+    def page(specs: dict) -> str:
+        return build_report(tmp_path / "sweep", [], specs).read_text()
+
+    assert "id='attention_costs'" not in page({"pe_copy": {}})
+    assert "python -m blocklab.bench attention" in page({"attention_kinds": {"bench": "attention"}})
+    (tmp_path / "outputs" / "bench").mkdir(parents=True)
+    (tmp_path / "outputs" / "bench" / "attention.json").write_text(json.dumps(bench))
+    with_bench = page({"attention_kinds": {"bench": "attention"}})
+    assert "id='attention_costs'" in with_bench and "<img" in with_bench

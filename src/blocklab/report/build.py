@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from blocklab.registry import Registry  # noqa: E402
+from blocklab.report.attention_costs import BENCH_JSON, attention_costs_section  # noqa: E402
 from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER  # noqa: E402
 from blocklab.results import RESULTS_FILE  # noqa: E402
 
@@ -326,6 +327,11 @@ def build_report(root: Path, rows: list[dict], specs: dict[str, dict]) -> Path:
         by_study[row.get("study") or "runs"].append(row)
     sections = [section(name, specs.get(name, {}), members, out) for name, members in sorted(by_study.items())]
     toc = "".join(f"<li><a href='#{html.escape(n)}'>{html.escape(n)}</a></li>" for n in sorted(by_study))
+    if any(spec.get("bench") == "attention" for spec in specs.values()):  # a study that weighs quality against cost
+        sections.append(attention_costs_section(BENCH_JSON, out) if BENCH_JSON.exists() else
+                        "<section id='attention_costs'><h2>attention costs</h2><p>No cost curves yet: run "
+                        f"<code>python -m blocklab.bench attention</code> (it writes {BENCH_JSON}).</p></section>")
+        toc += "<li><a href='#attention_costs'>attention costs</a></li>"
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>BlockLab report: {html.escape(root.name)}</title>"
             f"<style>{STYLE}</style></head><body><h1>BlockLab report: {html.escape(root.name)}</h1>"
             f"<p>{len(rows)} runs from <code>{html.escape(str(root))}</code>. Values are mean ± std over seeds.</p>"
