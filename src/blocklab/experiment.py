@@ -74,17 +74,12 @@ class Setup:
         """Validated task and model config; every problem is a ConfigError. The schema's checks come first
         (the command line ran them before torch was imported); then the registries' and the task's."""
         groups = OmegaConf.to_container(cfg, resolve=True)
-        errors = schema_errors(groups)
-        if not errors:
-            seq2seq = is_seq2seq(groups["model"]["arch"])
-            errors = task_errors(groups["task"], seq2seq)
+        errors = config_errors(groups)
         if errors:
             raise ConfigError("\n".join(errors))
-        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq)
+        seq2seq = is_seq2seq(groups["model"]["arch"])
+        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq)  # built once: config_errors made it
         model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len)
-        errors = model_cfg.errors()
-        if errors:
-            raise ConfigError("\n".join(errors))
         return cls(groups, model_cfg, Path(groups["run_dir"]), task)
 
     @classmethod
