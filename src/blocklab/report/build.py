@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from blocklab.registry import Registry  # noqa: E402
+from blocklab.report import length_gen  # noqa: E402
 from blocklab.report.attention_costs import BENCH_JSON, attention_costs_section  # noqa: E402
 from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER  # noqa: E402
 from blocklab.results import RESULTS_FILE  # noqa: E402
@@ -117,6 +118,17 @@ def plot_by_length(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
     ax.set_xlabel("length (dashed: longest trained)")
     _legend(ax)
     return findings(rows, by, "exact_match_out" if metric == "exact_match" else "loss_out")
+
+
+@PLOTS.register("length_curve")
+def plot_length_curve(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """The metric against evaluation length per setting: the mean over seeds, the seed range (min to max)
+    shaded; dashed: the longest trained length. The note names the widest seed range beyond training."""
+    curves = [(_label(dict(zip(by, key)), by) or metric, length_gen.curve(members, metric))
+              for key, members in group(rows, by).items()]
+    note = length_gen.draw(ax, curves, sorted({r["train_max_length"] for r in rows}), metric)
+    _legend(ax)
+    return note
 
 
 @PLOTS.register("by_choice")
@@ -274,6 +286,7 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
     failed = [r for r in rows if r["status"] == "failed"]
     invalid = [r for r in rows if r["status"] == "invalid"]
     compare = spec.get("compare", [])
+    length_table = length_gen.table_spec(spec.get("length_table"))  # a bad spec fails before anything is drawn
     parts = [f"<section id='{html.escape(name)}'><h2>{html.escape(name)}</h2>",
              f"<p class='question'><b>Question.</b> {html.escape(spec.get('question', ''))}</p>"]
     swept = "; ".join(f"{k} ∈ {{{', '.join(v)}}}" for k, v in _swept(done).items())
@@ -287,6 +300,9 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
         parts.append("<div class='wide'><table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
         parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body]
         parts.append("</tbody></table></div>")
+        if length_table:
+            keys = length_table.get("by", compare)  # by: [] is one row of all runs
+            parts.append(length_gen.section_html(group(done, keys), keys, length_table))
         notes = []
         for i, spec_plot in enumerate(spec.get("plots", [])):
             path = out / f"{name}_{i}_{spec_plot['metric']}.png"
@@ -320,6 +336,8 @@ th{background:#f3f3f3}figure{margin:1em 0}img{max-width:100%}.question{font-size
 
 def build_report(root: Path, rows: list[dict], specs: dict[str, dict]) -> Path:
     out = root / "report"
+    for spec in specs.values():  # every study's table spec is checked before any file is written
+        length_gen.table_spec(spec.get("length_table"))
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "summary.csv")
     by_study = defaultdict(list)
