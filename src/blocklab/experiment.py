@@ -17,6 +17,7 @@ from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import CHECKPOINT, MODEL_FILE, TOKENIZER_FILE
 from blocklab.schema import schema_errors
 from blocklab.tasks import Task, build_task, task_errors
+from blocklab.tasks.placement import Placement
 
 SAVED_CONFIG = Path(".hydra") / "config.yaml"
 
@@ -35,12 +36,12 @@ def config_errors(groups: dict) -> list[str]:
         errors = schema_errors(groups)
         if errors:
             return errors
-        seq2seq = is_seq2seq(groups["model"]["arch"])
-        errors = _task_errors(_frozen(groups["task"]), seq2seq)
+        seq2seq, placement = is_seq2seq(groups["model"]["arch"]), Placement.from_pos(groups["pos"])
+        errors = _task_errors(_frozen(groups["task"]), seq2seq, placement)
         if errors:
             return errors
-        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq)
-        return ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len).errors()
+        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq, placement)
+        return _model_config(groups, task, placement).errors()
     except ConfigError as err:
         return str(err).splitlines()
 
@@ -50,15 +51,21 @@ def _frozen(task: dict) -> str:
 
 
 @cache
-def _task_errors(task: str, seq2seq: bool) -> list[str]:
-    return task_errors(json.loads(task), seq2seq)
+def _task_errors(task: str, seq2seq: bool, placement: Placement) -> list[str]:
+    return task_errors(json.loads(task), seq2seq, placement)
 
 
 @lru_cache(maxsize=8)
-def _task(task: str, seed: int, seq2seq: bool) -> Task:
+def _task(task: str, seed: int, seq2seq: bool, placement: Placement) -> Task:
     """A task built once per process for a given config: the command line's checks and the run share it (an LM
     reads and tokenizes its corpus; a task does not change once built)."""
-    return build_task(json.loads(task), seed, seq2seq)
+    return build_task(json.loads(task), seed, seq2seq, placement)
+
+
+def _model_config(groups: dict, task: Task, placement: Placement) -> ModelConfig:
+    """The model config for a task: its vocabulary, and room for every position id it can be shown."""
+    return ModelConfig.from_groups(groups, vocab_size=task.vocab_size,
+                                   max_len=placement.max_position(task.max_seq_len))
 
 
 @dataclass
@@ -77,10 +84,9 @@ class Setup:
         errors = config_errors(groups)
         if errors:
             raise ConfigError("\n".join(errors))
-        seq2seq = is_seq2seq(groups["model"]["arch"])
-        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq)  # built once: config_errors made it
-        model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size, max_len=task.max_seq_len)
-        return cls(groups, model_cfg, Path(groups["run_dir"]), task)
+        seq2seq, placement = is_seq2seq(groups["model"]["arch"]), Placement.from_pos(groups["pos"])
+        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq, placement)  # built once: config_errors made it
+        return cls(groups, _model_config(groups, task, placement), Path(groups["run_dir"]), task)
 
     @classmethod
     def from_run_dir(cls, run_dir: Path, with_task: bool = False) -> "Setup":
@@ -92,7 +98,8 @@ class Setup:
             raise ConfigError(f"{run_dir} is not a finished BlockLab run (missing {', '.join(map(str, missing))})")
         groups = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
         model_cfg = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text()))
-        task = build_task(groups["task"], groups["seed"], is_seq2seq(groups["model"]["arch"])) if with_task else None
+        task = build_task(groups["task"], groups["seed"], is_seq2seq(groups["model"]["arch"]),
+                          Placement.from_pos(groups["pos"])) if with_task else None
         return cls(groups, model_cfg, run_dir, task)
 
     def save(self, cfg: DictConfig) -> None:

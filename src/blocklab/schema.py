@@ -188,7 +188,11 @@ SCHEMA: dict[str, Group] = {
         "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool()}),
     "norm": Group({"type": Text(), "placement": Text(),
                    "eps": Described(POSITIVE, "a positive number (it keeps the norm's division finite)")}),
-    "pos": Group({"name": Text()}, owner="the position scheme (pos.name)"),
+    # pos: the scheme's own options, and the settings every scheme shares (tasks/placement.py).
+    "pos": Group({"name": Text(), "randomize": Bool(), "random_max": Nullable(POSITIVE_INT, "not set"),
+                  "coupled": Bool(), "abacus": Bool(),
+                  "abacus_offset": Described(Int(0), "an integer >= 0 (K: training digit indices shift by 0..K)")},
+                 owner="the position scheme (pos.name)"),
     "attn": Group({
         "kind": Text(), "pattern": Nullable(Text(), "window if attn.window is set, else full"), "n_kv_heads": Nullable(POSITIVE_INT, "n_heads: MHA"),
         "window": Nullable(POSITIVE_INT, "full attention"), "causal": Bool(),
@@ -249,10 +253,13 @@ def group_errors(name: str, values: dict) -> list[str]:
 
 def _cross_errors(config: dict) -> list[str]:
     """Constraints between keys of the framework's groups."""
-    optim = config["optim"]
+    optim, pos, errors = config["optim"], config["pos"], []
     if "min_lr" in optim and "lr" in optim and optim["min_lr"] > optim["lr"]:
-        return [f"optim.min_lr={optim['min_lr']} must be at most optim.lr={optim['lr']}"]
-    return []
+        errors.append(f"optim.min_lr={optim['min_lr']} must be at most optim.lr={optim['lr']}")
+    if pos.get("randomize") and pos.get("random_max") is None:
+        errors.append("pos.randomize=true needs pos.random_max: the range [0, L) positions are drawn from, "
+                      "several times the longest evaluated sequence (e.g. pos.random_max=256)")
+    return errors
 
 
 def _unknown(prefix: str, key: str, known: list[str], where: str) -> str:

@@ -33,6 +33,14 @@ class NormConfig:
 class PosConfig:
     name: str = "rope"
     options: dict[str, Any] = field(default_factory=dict)  # scheme-specific keyword arguments
+    # Shared by every scheme (tasks/placement.py); the model itself reads only `abacus` and its offset.
+    randomize: bool = False
+    random_max: int | None = None
+    coupled: bool = False
+    abacus: bool = False
+    abacus_offset: int = 0
+
+    SHARED = ("randomize", "random_max", "coupled", "abacus", "abacus_offset")
 
 
 @dataclass
@@ -150,7 +158,8 @@ class ModelConfig:
             vocab_size=vocab_size,
             max_len=max_len,
             norm=NormConfig(**groups["norm"]),
-            pos=PosConfig(name=pos.pop("name"), options=pos),
+            pos=PosConfig(name=pos.pop("name"), **{key: pos.pop(key) for key in PosConfig.SHARED if key in pos},
+                          options=pos),
             attn=AttnConfig(**attn, options=attn_options, pattern_options=pattern_options),
             act=ActConfig(**groups["act"]),
             init=InitConfig(**groups["init"]),

@@ -47,15 +47,37 @@ def decoding():
         torch.backends.mkldnn.enabled = previous
 
 
+def _stacked_streams(streams: list[dict[str, Tensor]], prompts: list[Tensor], width: int, max_new_tokens: int,
+                     device) -> dict[str, Tensor]:
+    """Each row's streams (prompt and new tokens) left-padded like its prompt: name -> (B, width + max_new_tokens)."""
+    out = {}
+    for name in streams[0]:
+        stacked = torch.zeros(len(prompts), width + max_new_tokens, dtype=torch.long)
+        for row, (prompt, stream) in enumerate(zip(prompts, streams)):
+            needed = len(prompt) + max_new_tokens
+            if len(stream[name]) < needed:
+                raise ValueError(f"the {name} stream of row {row} covers {len(stream[name])} tokens; the prompt and "
+                                 f"the new tokens need {needed}")
+            stacked[row, width - len(prompt):] = stream[name][:needed]
+        out[name] = stacked.to(device)
+    return out
+
+
 @decoding()
 def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | None = None, pad_id: int = 0,
              temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True, bos_id: int | None = None) -> Tensor:
+             use_cache: bool = True, bos_id: int | None = None,
+             streams: list[dict[str, Tensor]] | None = None) -> Tensor:
     """Continue each prompt; returns the new tokens (B, <= max_new_tokens), `pad_id` after a row's EOS.
     temperature 0 is greedy. Rows of different lengths are left-padded with explicit positions,
     so each row is decoded exactly as it would be alone. An encoder-decoder model reads the
-    prompts as its sources and starts the decoder from `bos_id`."""
+    prompts as its sources and starts the decoder from `bos_id`. `streams` (one dict per row, of
+    position ids and/or digit indices over the prompt and the new tokens; tasks/placement.py) replace
+    the positions 0, 1, 2 ... and feed a model's Abacus embeddings."""
     device = next(model.parameters()).device
+    streams = streams if streams and streams[0] else None
+    if model.is_encoder_decoder and streams is not None:
+        raise ValueError("position streams are for decoder-only models")
     if model.is_encoder_decoder:
         source, source_valid = (t.to(device) for t in right_pad(prompts, pad_id))
         extra = {"source": source, "source_valid": source_valid}
@@ -65,6 +87,14 @@ def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | No
         extra = {}
         idx, valid = (t.to(device) for t in left_pad(prompts, pad_id))
     positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+    width = idx.shape[1]
+    ahead = {} if streams is None else _stacked_streams(streams, prompts, width, max_new_tokens, device)
+    if "positions" in ahead:
+        positions = ahead.pop("positions")
+        positions, ahead_positions = positions[:, :width], positions[:, width:]
+    else:
+        ahead_positions = None
+    extra.update({name: stream[:, :width] for name, stream in ahead.items()})
     cache = model.new_cache() if use_cache else None
     logits = model(idx, positions, valid, cache, **extra)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
@@ -77,11 +107,15 @@ def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | No
         out.append(token)
         if step == max_new_tokens - 1 or (eos_id is not None and bool(done.all())):
             break
+        column = slice(width + step, width + step + 1)  # the token just chosen
+        next_positions = positions[:, -1:] + 1 if ahead_positions is None else ahead_positions[:, step:step + 1]
         if use_cache:
-            logits = model(token[:, None], cache=cache)
+            new = {name: stream[:, column] for name, stream in ahead.items()}
+            logits = model(token[:, None], None if ahead_positions is None else next_positions, cache=cache, **new)
         else:
             idx = torch.cat((idx, token[:, None]), dim=1)
-            positions = torch.cat((positions, positions[:, -1:] + 1), dim=1)
+            positions = torch.cat((positions, next_positions), dim=1)
             valid = torch.cat((valid, torch.ones_like(valid[:, :1])), dim=1)
+            extra.update({name: stream[:, :width + step + 1] for name, stream in ahead.items()})
             logits = model(idx, positions, valid, **extra)
     return torch.stack(out, dim=1) if out else torch.empty(len(prompts), 0, dtype=torch.long, device=device)

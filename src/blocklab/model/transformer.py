@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
+from blocklab.model.abacus import AbacusEmbedding, abacus_size
 from blocklab.model.block import Block
 from blocklab.model.cache import DecodingCache
 from blocklab.model.ffn import dropout_layer
@@ -41,6 +42,8 @@ class Transformer(nn.Module):
         self.pos = build_position(cfg.pos.name, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attn.causal,
                                   **cfg.position_options())
         self.pattern = build_pattern(cfg.attn)  # which keys each query sees, in every self-attention layer
+        self.abacus = AbacusEmbedding(abacus_size(cfg.pos.abacus_offset, cfg.max_len), cfg.d_model) \
+            if cfg.pos.abacus else None
         self.drop = dropout_layer(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.final_norm = _final_norm(cfg)
@@ -64,17 +67,21 @@ class Transformer(nn.Module):
         return x if self.drop is None else self.drop(x)
 
     def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
-                cache: DecodingCache | None = None, need_weights: bool = False):
+                cache: DecodingCache | None = None, need_weights: bool = False, digit_index: Tensor | None = None):
         """idx (B, T) token ids; positions (B|1, T) position ids (default: continue from the cache,
         or 0..T-1); valid (B, T) False at padding. With a cache, idx holds only the new tokens.
+        digit_index (B, T): each digit's index in its number, for a model with Abacus embeddings.
         Returns logits (B, T, vocab), and with need_weights also a list of per-layer (B, H, T, Tk)."""
-        return self._decode(idx, positions, valid, cache, need_weights)
+        return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index)
 
-    def _decode(self, idx, positions, valid, cache, need_weights, *cross):
+    def _decode(self, idx, positions, valid, cache, need_weights, *cross, digit_index=None):
         """The causal stack over idx; `cross` = (cross-attention context, encoder memory) if any."""
         ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal, self.pattern,
                                      need_weights)
-        x = self._dropout(self.pos.embed(self.tok_emb(idx), ctx.positions))
+        x = self.pos.embed(self.tok_emb(idx), ctx.positions)
+        if self.abacus is not None:
+            x = self.abacus(x, digit_index)
+        x = self._dropout(x)
         for block in self.blocks:
             x = block(x, ctx, *cross)
         if cache is not None:

@@ -2,6 +2,7 @@
 config first and raises ConfigError."""
 from blocklab.errors import ConfigError
 from blocklab.tasks.interface import TASKS, Task
+from blocklab.tasks.placement import Placement
 # Importing a task module registers it; this order is the order error messages list them in.
 from blocklab.tasks.copy import CopyTask
 from blocklab.tasks.addition import AdditionTask
@@ -13,11 +14,16 @@ __all__ = ["TASKS", "Task", "CopyTask", "AdditionTask", "LMTask", "PeriodicTask"
            "task_errors"]
 
 
-def task_errors(cfg: dict, seq2seq: bool = False) -> list[str]:
-    """seq2seq: the model is an encoder-decoder, so the task must split into a source and a target."""
+def task_errors(cfg: dict, seq2seq: bool = False, placement: Placement = Placement()) -> list[str]:
+    """seq2seq: the model is an encoder-decoder, so the task must split into a source and a target.
+    placement: the pos group's shared settings, which only some tasks can honour."""
     name = cfg.get("name")
     if name not in TASKS:
         return [TASKS.unknown(name)]
+    if placement != Placement() and not TASKS[name].places_tokens:
+        placing = [n for n in TASKS if TASKS[n].places_tokens]
+        return [f"pos.randomize, pos.coupled and pos.abacus need a task that builds its own examples "
+                f"({', '.join(placing)}), not task={name}; leave them at their defaults"]
     if seq2seq and not TASKS[name].supports_seq2seq:
         seq2seq_names = [n for n in TASKS if TASKS[n].supports_seq2seq]
         return [f"model.arch=encoder_decoder needs a source/target task ({', '.join(seq2seq_names)}), "
@@ -26,11 +32,17 @@ def task_errors(cfg: dict, seq2seq: bool = False) -> list[str]:
     return unknown or TASKS[name].errors(cfg)
 
 
-def build_task(cfg: dict, seed: int, seq2seq: bool = False) -> Task:
-    errors = task_errors(cfg, seq2seq)
+def build_task(cfg: dict, seed: int, seq2seq: bool = False, placement: Placement = Placement()) -> Task:
+    errors = task_errors(cfg, seq2seq, placement)
     if errors:
         raise ConfigError("\n".join(errors))
     options = {k: v for k, v in cfg.items() if k != "name"}
     if seq2seq:
         options["seq2seq"] = True
-    return TASKS[cfg["name"]](seed=seed, **options)
+    if placement != Placement():
+        options["placement"] = placement
+    task = TASKS[cfg["name"]](seed=seed, **options)
+    errors = task.placement_errors() if task.places_tokens else []
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return task

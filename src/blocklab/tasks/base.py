@@ -3,7 +3,7 @@ padded batches with a loss mask, and fixed validation sets per length."""
 import math
 import random
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,7 @@ from torch.utils.data import IterableDataset
 
 from blocklab.model.generate import generate
 from blocklab.tasks.interface import Task
+from blocklab.tasks.placement import STREAMS, Placement
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"  # BOS starts an encoder-decoder's target
 IGNORE = -100  # cross-entropy ignore_index: no loss on prompt or padding
@@ -22,12 +23,21 @@ IGNORE = -100  # cross-entropy ignore_index: no loss on prompt or padding
 class Example:
     prompt: list[int]
     answer: list[int]  # ends with EOS
+    # Per-token integer streams (tasks/placement.py) over the prompt and max_answer_len tokens after it.
+    streams: dict[str, list[int]] = field(default_factory=dict)
 
 
 def collate(examples: list[Example], pad_id: int) -> dict[str, Tensor]:
     """Decoder-only: right-pad `prompt + answer`; the model reads it shifted by one and is scored
     on the answer only."""
-    return _shifted([e.prompt + e.answer for e in examples], [len(e.prompt) - 1 for e in examples], pad_id)
+    batch = _shifted([e.prompt + e.answer for e in examples], [len(e.prompt) - 1 for e in examples], pad_id)
+    for name in examples[0].streams:
+        stream = torch.zeros_like(batch["input"])  # padding's ids are never read: padding is masked
+        for row, e in enumerate(examples):
+            n = len(e.prompt) + len(e.answer) - 1
+            stream[row, :n] = torch.tensor(e.streams[name][:n])
+        batch[name] = stream
+    return batch
 
 
 def collate_seq2seq(examples: list[Example], pad_id: int, bos_id: int) -> dict[str, Tensor]:
@@ -58,7 +68,7 @@ def _shifted(sequences: list[list[int]], first_scored: list[int], pad_id: int) -
 
 def model_inputs(batch: dict) -> dict:
     """The keyword arguments a model takes from a batch (encoder-decoder batches carry a source)."""
-    return {key: batch[key] for key in ("valid", "source", "source_valid") if key in batch}
+    return {key: batch[key] for key in ("valid", "source", "source_valid", *STREAMS) if key in batch}
 
 
 def default_eval_lengths(min_len: int, max_len: int) -> list[int]:
@@ -71,9 +81,12 @@ class SequenceTask(Task):
     """A task generating (prompt, answer) examples of a natural `length` (characters, digits...)."""
 
     supports_seq2seq = True
+    places_tokens = True
+    supplies: frozenset[str] = frozenset()  # the streams (tasks/placement.py) `streams` computes
 
     def __init__(self, symbols: list[str], min_len: int, max_len: int, eval_lengths: list[int] | None,
-                 batch_size: int, eval_examples: int, eval_seed: int, seed: int, seq2seq: bool = False):
+                 batch_size: int, eval_examples: int, eval_seed: int, seed: int, seq2seq: bool = False,
+                 placement: Placement = Placement()):
         self.tokens = [PAD, EOS, BOS, *symbols]
         self.ids = {t: i for i, t in enumerate(self.tokens)}
         self.pad_id, self.eos_id, self.bos_id = self.ids[PAD], self.ids[EOS], self.ids[BOS]
@@ -82,6 +95,7 @@ class SequenceTask(Task):
         self.eval_lengths = list(eval_lengths) if eval_lengths else default_eval_lengths(min_len, max_len)
         self.batch_size, self.eval_examples = batch_size, eval_examples
         self.eval_seed, self.seed = eval_seed, seed
+        self.placement = placement
 
     @classmethod
     def errors(cls, cfg: dict) -> list[str]:
@@ -110,6 +124,29 @@ class SequenceTask(Task):
     @abstractmethod
     def max_prompt_len(self, length: int) -> int: ...
 
+    def streams(self, prompt: list[int], length: int) -> dict[str, list[int]]:
+        """The streams named in `supplies`, over the prompt and max_answer_len(length) tokens after it,
+        from the prompt alone (decoding reads them before the answer exists)."""
+        return {}
+
+    def placement_errors(self) -> list[str]:
+        """What this task cannot do of the pos group's shared settings, one line each."""
+        errs = []
+        placement, setting = self.placement, {"positions": "pos.coupled=true", "digit_index": "pos.abacus=true"}
+        for stream in placement.streams:
+            if stream not in self.supplies:
+                errs.append(f"{setting[stream]} needs a task that supplies {stream.replace('_', ' ')}; "
+                            f"task={self.name} supplies none: use task=copy or task=addition")
+        if (placement.streams or placement.explicit_positions) and self.seq2seq:
+            errs.append("pos.coupled, pos.abacus and pos.randomize work with model.arch=decoder only; "
+                        "use model.arch=decoder")
+        longest = self.max_seq_len + 1  # positions of every token, the answer's last included
+        if placement.random_max is not None and placement.random_max < longest:
+            errs.append(f"pos.random_max={placement.random_max} is smaller than the longest evaluated sequence "
+                        f"({longest} tokens); set pos.random_max >= {longest} (Ruoss et al. use several times "
+                        "the longest test length)")
+        return errs
+
     # --- shared machinery -------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
@@ -134,9 +171,21 @@ class SequenceTask(Task):
         return "".join(self.tokens[i] for i in ids if i != self.pad_id)
 
     def eval_set(self, length: int) -> list[Example]:
-        """Fixed for a given eval_seed, whatever the training seed, so runs compare on the same data."""
+        """Fixed for a given eval_seed, whatever the training seed, so runs compare on the same data
+        (placement draws from its own generator, so the examples are the same under every method)."""
         rng = random.Random(f"{self.eval_seed}/{self.name}/{length}")
-        return [self.sample(rng, length) for _ in range(self.eval_examples)]
+        place_rng = random.Random(f"{self.eval_seed}/{self.name}/{length}/placement")
+        return [self.placed(self.sample(rng, length), length, place_rng, training=False)
+                for _ in range(self.eval_examples)]
+
+    def placed(self, example: Example, length: int, rng: random.Random, training: bool) -> Example:
+        """The example with the streams its batches carry under the configured placement."""
+        if not self.placement.streams and not self.placement.explicit_positions:
+            return example
+        room = len(example.prompt) + self.max_answer_len(length)
+        own = self.streams(example.prompt, length) if self.placement.streams else {}
+        example.streams = self.placement.place(own, room, rng, training)
+        return example
 
     @property
     def train_lengths(self) -> tuple[int, int]:
@@ -183,7 +232,8 @@ class SequenceTask(Task):
             correct += (logits.argmax(-1)[scored] == batch["target"][scored]).sum().item()
             tokens += scored.sum().item()
             generated = generate(model, [torch.tensor(e.prompt) for e in part], self.max_answer_len(length),
-                                 eos_id=self.eos_id, pad_id=self.pad_id, bos_id=self.bos_id)
+                                 eos_id=self.eos_id, pad_id=self.pad_id, bos_id=self.bos_id,
+                                 streams=[{k: torch.tensor(v) for k, v in e.streams.items()} for e in part])
             exact += sum(row[:len(e.answer)] == e.answer for row, e in zip(generated.tolist(), part))
         model.train(was_training)
         loss = loss_sum / tokens
@@ -224,6 +274,10 @@ class TrainStream(IterableDataset):
         step = self.start_step
         while True:
             rng = random.Random(f"{task.seed}/{task.name}/train/{step}{rank_suffix()}")
-            examples = [task.sample(rng, rng.randint(task.min_len, task.max_len)) for _ in range(task.batch_size)]
+            place_rng = random.Random(f"{task.seed}/{task.name}/train/{step}{rank_suffix()}/placement")
+            examples = []
+            for _ in range(task.batch_size):
+                length = rng.randint(task.min_len, task.max_len)
+                examples.append(task.placed(task.sample(rng, length), length, place_rng, training=True))
             yield task.collate(examples)
             step += 1

@@ -17,6 +17,8 @@ class Task(ABC):
 
     # Examples split into a source and a target, so an encoder-decoder can learn the task.
     supports_seq2seq: bool = False
+    # Whether the task builds batches under a Placement (tasks/placement.py: randomized, coupled positions...).
+    places_tokens: bool = False
     bos_id: int | None = None  # the token a decoder starts from, where the task has one
     eval_lengths: list[int]
 
@@ -66,4 +68,4 @@ class Task(ABC):
         """A fixed batch of n examples for diagnostics."""
 
 
-TASKS: Registry[type[Task]] = Registry("task.name", framework_args=("seed", "seq2seq", "symbols"))
+TASKS: Registry[type[Task]] = Registry("task.name", framework_args=("seed", "seq2seq", "symbols", "placement"))

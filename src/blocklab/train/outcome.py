@@ -3,6 +3,7 @@ import time
 
 from blocklab.model import ModelConfig
 from blocklab.model.generate import generate
+from blocklab.results import in_distribution_exact_match, learned_in_distribution
 from blocklab.tasks import Task
 from blocklab.schema import PRECISIONS
 from blocklab.train.costs import costs
@@ -16,8 +17,15 @@ def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true")
         "n_heads": model_cfg.n_heads, "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model, "seed": seed,
         "n_kv_heads": model_cfg.attn.n_kv_heads or model_cfg.n_heads, "d_ff": model_cfg.d_ff,
         "norm_type": model_cfg.norm.type, "norm_placement": model_cfg.norm.placement,
-        "precision": PRECISIONS[precision],
+        "precision": PRECISIONS[precision], "placement": placement_label(model_cfg.pos),
     }
+
+
+def placement_label(pos) -> str:
+    """The length-generalization methods on positions a run used (pos.randomize, coupled, abacus), or "plain"."""
+    methods = [name for name, used in (("randomized", pos.randomize), ("coupled", pos.coupled),
+                                       ("abacus", pos.abacus)) if used]
+    return "+".join(methods) or "plain"
 
 
 def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8) -> dict:
@@ -38,7 +46,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
     throughput are the whole run's, the part before a resume included (`lit` carries them across)."""
     rows = task.evaluate(lit.model)
     in_dist = [r["loss"] for r in rows if r["in_distribution"] and r["loss"] is not None]
-    return {
+    results = {
         "status": "diverged" if diverged_at_step is not None else "completed",
         "task": task.name,
         "choices": picked,
@@ -56,3 +64,8 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "decode": decode_stats(lit.model, task),
         "costs": costs(lit.model, task),
     }
+    # Whether the task was learned on the training lengths at all (null for a task without exact match):
+    # below results.LEARNED_THRESHOLD the summary warns that the lengths beyond training say little.
+    results["in_distribution_exact_match"] = in_distribution_exact_match(results)
+    results["learned_in_distribution"] = learned_in_distribution(results)
+    return results
