@@ -86,6 +86,36 @@ def console_kwargs() -> dict:
     return {} if sys.stdout.isatty() else {"width": 120}
 
 
+# A run whose mean exact match over its training lengths is below this has not learned the task in
+# distribution, and its lengths beyond training say little about extrapolation. 0.9 sits well clear of both
+# sides measured at the defaults (learned: 0.96-1.00, its weakest length, the longest trained, ~0.95; not
+# learned: 0.2-0.55) and of the noise of 128 examples per length (one standard error ~0.02 near 0.95).
+LEARNED_THRESHOLD = 0.9
+
+
+def in_distribution_exact_match(results: dict) -> float | None:
+    """Mean greedy exact match over the evaluated training lengths; None for a task without exact match (lm)."""
+    values = [row["exact_match"] for row in results["eval"]
+              if row.get("in_distribution") and row.get("exact_match") is not None]
+    return sum(values) / len(values) if values else None
+
+
+def learned_in_distribution(results: dict) -> bool | None:
+    """Whether the run learned its task on the training lengths (results.json `learned_in_distribution`);
+    None where the task reports no exact match."""
+    mean = in_distribution_exact_match(results)
+    return None if mean is None else mean >= LEARNED_THRESHOLD
+
+
+def learned_warning(results: dict) -> str | None:
+    """The summary's one warning line when the run has not learned its task in distribution, else None."""
+    mean = in_distribution_exact_match(results)
+    if mean is None or mean >= LEARNED_THRESHOLD:
+        return None
+    return (f"warning: in-distribution exact match {mean:.3f} < {LEARNED_THRESHOLD:.2f}: the model has not learned "
+            "the task, so the columns beyond the training lengths say little (README: Do the defaults learn?)")
+
+
 # Column headers that say what a metric is where its name alone would not (LM runs have no exact match).
 METRIC_HEADERS = {"exact_match": "exact match (greedy)", "token_acc": "token acc", "bits_per_char": "bits/char"}
 
@@ -112,3 +142,6 @@ def print_summary(results: dict, path: Path, console: Console | None = None) -> 
     console.print(f"status: {results['status']}{diverged} | params {results['params']:,} | steps {results['steps']} | "
                   f"{results['train_time_s']:.1f} s | {results['tokens_per_s']:,.0f} tokens/s | "
                   f"final train loss {_fmt(results['final_train_loss'])} | results: {path}", soft_wrap=True)
+    warning = learned_warning(results)
+    if warning:
+        console.print(warning, style="bold yellow", soft_wrap=True, markup=False, highlight=False)
