@@ -113,10 +113,15 @@ class Window(Pattern):
 class Strided(Pattern):
     """The Sparse Transformer's strided pattern (Child et al. 2019, sec. 4.1): query i sees a local block,
     |i - j| < w, and every s-th earlier key, (i - j) mod s == 0. The paper takes w = s (about sqrt(n));
-    window null means that. An explicit blocked kernel (SDPA cannot take two key sets in one softmax):
-    the local part is window's blocks, the strided part ordinary attention within each residue class
-    x[r::s], and one softmax runs over both score sets. The local part costs O(n w); the strided part
-    O(n^2 / s) at a fixed stride (O(n sqrt(n)) with s = sqrt(n))."""
+    window null means that. Two disjoint key sets, computed apart and merged exactly as one softmax over
+    their union: the strided part (keys of the query's residue class x[r::s] beyond the local block) is
+    ordinary attention written out, giving each query its output y_s and log-sum-exp l_s; the local part
+    is window's blocked SDPA (the fused kernel), with one more key per block, a "sink" whose score is l_s
+    for every query (an extra head dimension: l_s on the query side, 1/scale on the sink's) and whose value
+    is an extra output column. That column returns the strided part's share of the joint softmax,
+    Z_s / (Z_local + Z_s), so y = y_local + share * y_s (`merged`). The local part costs O(n w); the strided
+    part n^2/s scores at a fixed stride (O(n sqrt(n)) with s = sqrt(n)). With attention dropout, which
+    would drop the sink as one key, the one-softmax kernel runs instead (`one_softmax`)."""
 
     skips_masked_work = True
 
@@ -136,10 +141,74 @@ class Strided(Pattern):
         return self.local(i, j) | ((i - j) % self.stride == 0)
 
     def attend(self, q, k, v, causal, scale, dropout):
-        (batch, heads, length, dim), w, s = q.shape, self.window, self.stride
-        if length <= w:  # every key is within the local block
+        if q.shape[2] <= self.window:  # every key is within the local block
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout, scale=scale,
-                                                  enable_gqa=heads != k.shape[1])
+                                                  enable_gqa=q.shape[1] != k.shape[1])
+        return self.one_softmax(q, k, v, causal, scale, dropout) if dropout else self.merged(q, k, v, causal, scale)
+
+    def classes(self, x: Tensor) -> Tensor:
+        """(B, H, T, d) -> (B, H, s, T/s, d): residue class r (tokens r, r + s, ...) in row r, zeros past T."""
+        rows = -(-x.shape[2] // self.stride)
+        return F.pad(x, (0, 0, 0, rows * self.stride - x.shape[2])).unflatten(2, (rows, self.stride)).transpose(2, 3)
+
+    def strided_support(self, length: int, causal: bool) -> Tensor:
+        """(s, T/s, T/s) bool: may query t*s + r see key u*s + r (class r) in the strided part: the pattern
+        allows it, the local block does not (that is the local part's), the key is a real token."""
+        rows = -(-length // self.stride)
+        index = torch.arange(rows * self.stride).view(rows, self.stride).T  # (s, rows): class r, member t
+        i, j = index[:, :, None], index[:, None, :]
+        seen = self.allows(i, j) & ~self.local(i, j) & (j < length)
+        return seen & (j <= i) if causal else seen
+
+    def masks(self, length: int, causal: bool, device, dtype) -> tuple[Tensor, Tensor]:
+        """The strided part's support with every row given a key (a query with none sees its whole class,
+        for a finite log-sum-exp, and its sink is masked out); the local part's float mask over each
+        query block's keys (block_support's, local pairs only) and its sink: (blocks, w, keys + 1)."""
+        w, after = self.window, 0 if causal else self.window - 1
+        seen = self.strided_support(length, causal)
+        empty = ~seen.any(-1)  # (s, rows): the queries without a strided key
+        # The local pairs depend on i - j alone: one (w, keys) table for every block, then its real keys.
+        i, j = torch.arange(w - 1, 2 * w - 1)[:, None], torch.arange(2 * w - 1 + after)[None, :]
+        local = self.local(i, j) & (j <= i) if causal else self.local(i, j)
+        keys = block_index(length, w, w - 1, after)  # (blocks, keys) absolute indices
+        queries = block_index(length, w, 0, 0)  # (blocks, w)
+        allowed = (local & ((keys >= 0) & (keys < length))[:, None, :]) | (queries >= length)[:, :, None]
+        no_sink = F.pad(empty.T.flatten(), (0, queries.numel() - empty.numel()), value=True).view_as(queries)
+        allowed = torch.cat((allowed, ~no_sink[:, :, None]), dim=-1)
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+        return (seen | empty[..., None]).to(device), mask.to(device)
+
+    def merged(self, q, k, v, causal, scale):
+        """Strided part written out, local part and merge in one fused SDPA call (class docstring)."""
+        (batch, heads, length, dim), kv_heads, w = q.shape, k.shape[1], self.window
+        seen, mask = self.masks(length, causal, q.device, q.dtype)
+        # Strided part, in the residue classes; the query heads of a GQA group share their K/V head.
+        qc = self.classes(q).unflatten(1, (kv_heads, -1))  # (B, H_kv, G, s, rows, d)
+        kc, vc = self.classes(k)[:, :, None], self.classes(v)[:, :, None]
+        scores = (qc @ kc.transpose(-1, -2)).mul_(scale).masked_fill_(~seen, float("-inf"))
+        lse = scores.logsumexp(-1, keepdim=True)  # (B, H_kv, G, s, rows, 1)
+        y_strided = scores.softmax(-1) @ vc
+
+        def tokens(x):  # (B, H_kv, G, s, rows, e) -> (B, H, T, e)
+            return x.flatten(1, 2).transpose(2, 3).flatten(2, 3)[:, :, :length]
+
+        # Local part: an extra head dimension carries l_s on the queries, 0 on the keys, 1/scale on the sink,
+        # whose value is 1 in an extra column: the column returns the strided part's share of the softmax.
+        after = 0 if causal else w - 1
+        qb = blocks(torch.cat((q, tokens(lse)), dim=-1), w, 0, 0)
+        kb, vb = (blocks(F.pad(x, (0, 1)), w, w - 1, after) for x in (k, v))
+        sink = q.new_zeros(batch, kv_heads, kb.shape[2], 1, dim + 1)
+        kb = torch.cat((kb, sink.index_fill(-1, torch.tensor([dim], device=q.device), 1 / scale)), dim=3)
+        vb = torch.cat((vb, sink.index_fill(-1, torch.tensor([dim], device=q.device), 1.0)), dim=3)
+        mask = mask[:, None] if batch == 1 else mask[:, None].repeat(batch, 1, 1, 1)  # as _folded orders blocks
+        y = F.scaled_dot_product_attention(_folded(qb), _folded(kb), _folded(vb), attn_mask=mask, scale=scale,
+                                           enable_gqa=heads != kv_heads)
+        y = y.unflatten(0, (batch, -1)).transpose(1, 2).flatten(2, 3)[:, :, :length]
+        return y[..., :dim] + y[..., dim:] * tokens(y_strided)
+
+    def one_softmax(self, q, k, v, causal, scale, dropout):
+        """The same attention as one written-out softmax over both score sets, dropout on its weights."""
+        (batch, heads, length, dim), w, s = q.shape, self.window, self.stride
         k, v = (x.repeat_interleave(heads // k.shape[1], dim=1) for x in (k, v))
         # Local part: window's blocks, keeping the pairs the local block allows.
         after = 0 if causal else w - 1
