@@ -3,6 +3,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from blocklab.errors import ConfigError
 from blocklab.report.build import build_report
 from blocklab.report.collect import collect, study_specs
 
@@ -16,7 +17,10 @@ def main(argv=None) -> None:
     rows = collect(args.sweep_dir)
     if not rows:
         sys.exit(f"error: no results.json under {args.sweep_dir}; run the sweep first (python train.py -m sweep=NAME)")
-    path = build_report(args.sweep_dir, rows, study_specs(args.sweep_dir, rows))
+    try:
+        path = build_report(args.sweep_dir, rows, study_specs(args.sweep_dir, rows))
+    except ConfigError as err:  # a study block the report cannot read (checked before any file is written)
+        sys.exit(f"error: {err}")
     print(f"wrote {path} ({len(rows)} runs)")
 
 
