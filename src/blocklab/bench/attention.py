@@ -17,8 +17,8 @@ Log-log slopes of time and memory against n are fitted over n >= 1024.
 
 Position schemes that act inside attention (rotate or bias) are timed beside NoPE at n = 4096 on the
 fused path. Decoding: a 1-layer model of each causal variant generates 2048 tokens with its cache,
-all stepped in turn; the cache's bytes (what the layer keeps per sequence) and keys held are read at
-several lengths, and tokens/s over the last quarter (the longest contexts)."""
+all stepped in turn; the cache's bytes (all it holds per sequence, the keys' positions included) and
+keys held are read at several lengths, and tokens/s over the last quarter (the longest contexts)."""
 import functools
 import os
 import statistics
@@ -238,7 +238,7 @@ def decode(found: list[Variant], s: dict) -> tuple[list[dict], dict[str, str]]:
                 run["token"] = logits[:, -1:].argmax(-1)
                 cache = run["cache"]
                 if cache.next_index in s["checkpoints"]:
-                    run["state_bytes"].append(cache.bytes())
+                    run["state_bytes"].append(cache.total_bytes())  # with the held keys' positions
                     run["keys_held"].append(max((k.shape[2] for k in cache.keys), default=0))
     return [{"variant": label, "lengths": list(s["checkpoints"]), "state_bytes": run["state_bytes"],
              "keys_held": run["keys_held"], "tokens_per_s": round(1000 / statistics.median(run["ms"]), 1)}
@@ -305,7 +305,8 @@ def _attention(s: dict) -> dict:
                     f"{s['rounds']} interleaved rounds; slopes: log-log fit over n >= {s['fit_from']}",
                     "peak MB: the most torch's CPU allocator held at once in the step; saved MB: what autograd "
                     "keeps for the backward plus the output (the layer's activation memory)",
-                    "state bytes: one layer's decoding cache for one sequence (keys held: K/V entries kept)"]
+                    "state bytes: one layer's decoding cache for one sequence, all it holds (K/V or running state, "
+                    "and the held keys' positions); keys held: K/V entries kept"]
     out["tables"] = tables(out, s)
     return out
 

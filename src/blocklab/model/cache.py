@@ -2,8 +2,9 @@
 
 `DecodingCache` holds what every layer shares (which keys are held, their positions and padding,
 an encoder's output) and one `LayerState` per layer, made by that layer's attention kind:
-softmax attention keeps keys and values (`KVState`); a kind with a running state keeps that.
-For inference only (no autograd)."""
+softmax attention keeps keys and values (`KVState`); a kind with a running state keeps that, and
+then the cache keeps the position and padding of the newest key alone (`keeps_keys`), so its size
+does not grow with the generation. For inference only (no autograd)."""
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
@@ -68,10 +69,14 @@ class KVState:
 
 @dataclass
 class DecodingCache:
-    """Per sequence: the held keys have absolute indices start .. start + length - 1 in every layer.
-    Encoder-decoder models also keep the encoder output and each layer's cross-attention K/V."""
+    """Per sequence: the held keys have absolute indices start .. start + length - 1 in every layer
+    (`positions` and `valid` describe them). Where no layer keeps keys (`keeps_keys` False: fixed-size
+    running states), only the newest key's position and padding flag are held (length 1): what the
+    next step continues from. Encoder-decoder models also keep the encoder output and each layer's
+    cross-attention K/V."""
 
     window: int | None = None  # keys a query can see back (the pattern's reach, itself included); None: all
+    keeps_keys: bool = True  # False: every layer keeps a state of a fixed size, no keys (linear kinds)
     length: int = 0
     start: int = 0  # absolute index of the first held key (> 0 once a window has dropped keys)
     positions: Tensor | None = None  # (B, length) position ids, for position biases and the next positions
@@ -104,6 +109,11 @@ class DecodingCache:
         cross = sum(t.numel() * t.element_size() for kv in self.cross.values() for t in kv)
         return sum(s.bytes() for s in self.layers.values()) + cross
 
+    def total_bytes(self) -> int:
+        """Bytes of everything held: `bytes()`, the held keys' positions and padding flags, the encoder output."""
+        held = (self.positions, self.valid, self.memory, self.memory_valid)
+        return self.bytes() + sum(t.numel() * t.element_size() for t in held if t is not None)
+
     def with_new_keys(self, positions: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Positions and validity (None: no padding) of the held keys followed by new ones."""
         k_positions = positions if self.positions is None else torch.cat((self.positions, positions), dim=1)
@@ -114,14 +124,17 @@ class DecodingCache:
         return k_positions, torch.cat((held, new), dim=1)
 
     def commit(self, k_positions: Tensor, k_valid: Tensor | None) -> None:
-        """After a forward pass: count the new keys, drop what the pattern never sees again."""
+        """After a forward pass: count the new keys, drop what the pattern never sees again (all but the
+        newest key's position where no layer keeps keys)."""
         self.positions, self.valid = k_positions, k_valid
         self.length = self.positions.shape[1]
-        drop = 0 if self.window is None else self.length - self.window
+        keep = self.window if self.keeps_keys else 1
+        drop = 0 if keep is None else self.length - keep
         if drop <= 0:
             return
-        for state in self.layers.values():
-            state.drop_oldest(drop)
-        self.start, self.length = self.start + drop, self.window
+        if self.keeps_keys:
+            for state in self.layers.values():
+                state.drop_oldest(drop)
+        self.start, self.length = self.start + drop, keep
         self.positions = self.positions[:, drop:]
         self.valid = None if self.valid is None else self.valid[:, drop:]

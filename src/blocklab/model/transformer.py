@@ -56,7 +56,13 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())  # shared (tied) tensors counted once
 
     def new_cache(self) -> DecodingCache:
-        return DecodingCache(window=self.pattern.cache_keys)
+        # Layers whose state does not grow per token (a running state) keep no keys: the cache then keeps
+        # only the newest key's position. A kind that cannot decode says so at its first step, not here.
+        try:
+            keeps_keys = self.cache_bytes_per_token() > 0
+        except NotImplementedError:
+            keeps_keys = True
+        return DecodingCache(window=self.pattern.cache_keys, keeps_keys=keeps_keys)
 
     def cache_bytes_per_token(self) -> int:
         """How much cached decoding state grows per generated token, over all layers."""
