@@ -3,7 +3,7 @@
 A scheme implements any of three hooks; the defaults do nothing (NoPE implements none):
   embed(x, positions)          absolute schemes add a vector to the token embeddings
   rotate(q, k, positions)      RoPE rotates queries and keys before attention
-  bias(q_positions, k_positions)  additive attention bias (ALiBi, T5 buckets), (B|1, H, Tq, Tk)
+  bias(q_positions, k_positions)  additive attention bias (ALiBi, T5 buckets, FIRE), (B|1, H, Tq, Tk)
 Positions are explicit integer tensors of shape (B|1, T), so left padding, KV-cache decoding
 and evaluation beyond the training length all go through the same code.
 """
@@ -11,6 +11,7 @@ import math
 from collections import OrderedDict
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.registry import Registry
@@ -273,6 +274,83 @@ class T5Bias(PositionScheme):
             return t5_buckets(relative, not self.causal, self.num_buckets, self.max_distance)
 
         return self.memo.get((q_positions, k_positions), (), make)
+
+
+@POSITION_SCHEMES.register("fire")
+class FIRE(PositionScheme):
+    """FIRE, Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context
+    Transformers" (arXiv 2310.04418, ICLR 2024): a learned function of the relative distance, normalised
+    by the query's position ("progressive interpolation"), added to the scores of head h:
+
+        bias_h(i, j) = f_theta(psi(i - j) / psi(max(L, i)))_h,   psi(x) = log(c x + 1)
+
+    i the query's and j the key's position (computed from the position tensors given, never from
+    0..T-1, so arbitrary position ids work), f_theta(x) = W2 relu(w1 x + b1) an MLP 1 -> mlp_hidden ->
+    n_heads (the paper's: 32 wide), c and L trained. As in the paper's reference code: psi uses |c| (c
+    starts at init_c = 0.1); L = init_L * |L_scale|, L_scale trained from 1 (init_L = 512), so abs keeps
+    L >= 0 and L's steps scale with its size; eps = 1e-6 is added to the denominator, which keeps the
+    ratio finite should c or L reach 0. Below position L every query shares the normaliser psi(L): the
+    bias is then a function of i - j alone. Unlike that code, f_theta's output layer has no bias: a
+    constant per head, added to every score of a softmax row, cancels; it could never change the model,
+    and its gradient is exactly zero (rounding noise, which AdamW would turn into full-size steps).
+    Causal attention only ever unmasks i >= j, where this is the paper's formula. Non-causal attention
+    (the paper's formula is causal) uses its signed extension, sign(i - j) psi(|i - j|) / psi(max(L, i)):
+    keys after the query feed f_theta negative inputs, so the bias can tell left from right, as T5's
+    bidirectional buckets do; one formula serves both, so the causal flag is not consulted.
+    One FIRE serves all layers, as t5_bias does here (one bias per pass): the paper's FIRE learns one per
+    layer; this is its layer-shared variant (FIRE-S). f_theta keeps nn.Linear's initialisation (uniform
+    in +-1/sqrt(fan_in): w1 and b1 in +-1, W2 in +-1/sqrt(mlp_hidden)) whatever init.name says: it is held
+    as plain parameters, not nn.Linear, because the model-wide schemes (normal: N(0, 0.02), zero biases)
+    would make a 1-input MLP a near-zero linear function of its input. f_theta and psi run in the
+    parameters' dtype with autocast off: in bfloat16, nearby normalised distances would collapse."""
+
+    eps = 1e-6
+
+    def __init__(self, d_model, n_heads, d_head, causal=True, mlp_hidden: int = 32, init_c: float = 0.1,
+                 init_L: float = 512.0):
+        super().__init__(d_model, n_heads, d_head, causal)
+        self.init_L = float(init_L)
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.L_scale = nn.Parameter(torch.tensor(1.0))
+        self.w1 = nn.Parameter(torch.empty(mlp_hidden, 1).uniform_(-1, 1))  # fan-in 1
+        self.b1 = nn.Parameter(torch.empty(mlp_hidden).uniform_(-1, 1))
+        bound = 1 / math.sqrt(mlp_hidden)
+        self.w2 = nn.Parameter(torch.empty(n_heads, mlp_hidden).uniform_(-bound, bound))
+
+    @classmethod
+    def errors(cls, cfg, options):
+        errs = []
+        hidden = options.get("mlp_hidden", 32)
+        if not (isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0):
+            errs.append(f"pos.mlp_hidden={hidden!r} must be a positive integer (the width of FIRE's MLP; "
+                        "the paper's is 32)")
+        for key, default, why in (("init_c", 0.1, "psi(x) = log(c x + 1) is constant at c = 0"),
+                                  ("init_L", 512.0, "the threshold L of max(L, i)")):
+            value = options.get(key, default)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value > 0):
+                errs.append(f"pos.{key}={value!r} must be a finite number > 0 ({why}); the paper's is {default}")
+        return errs
+
+    @property
+    def L(self) -> Tensor:
+        """The threshold L, kept positive by abs."""
+        return self.L_scale.abs() * self.init_L
+
+    def bias(self, q_positions, k_positions):
+        # Only the geometry is remembered (it depends on positions alone); c, L and f_theta are trained.
+        sign, distance, query = self.memo.get((q_positions, k_positions), (self.c.dtype, self.c.device),
+                                              lambda: self._geometry(q_positions, k_positions))
+        with torch.autocast(self.c.device.type, enabled=False):
+            c = self.c.abs()
+            normalised = sign * torch.log1p(c * distance) / (torch.log1p(c * torch.maximum(query, self.L)) + self.eps)
+            hidden = torch.relu(F.linear(normalised[..., None], self.w1, self.b1))
+            return F.linear(hidden, self.w2).permute(0, 3, 1, 2)  # (B|1, H, Tq, Tk)
+
+    def _geometry(self, q_positions, k_positions):
+        """sign(i - j) and |i - j|, (B|1, Tq, Tk), and i, (B|1, Tq, 1), in the parameters' dtype."""
+        relative = (q_positions[:, :, None] - k_positions[:, None, :]).to(self.c.dtype)
+        return relative.sign(), relative.abs(), q_positions[:, :, None].to(self.c.dtype)
 
 
 def build_position(name: str, d_model: int, n_heads: int, d_head: int, causal: bool, **options) -> PositionScheme:
