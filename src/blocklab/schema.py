@@ -191,7 +191,8 @@ SCHEMA: dict[str, Group] = {
     # pos: the scheme's own options, and the settings every scheme shares (tasks/placement.py).
     "pos": Group({"name": Text(), "randomize": Bool(), "random_max": Nullable(POSITIVE_INT, "not set"),
                   "coupled": Bool(), "abacus": Bool(),
-                  "abacus_offset": Described(Int(0), "an integer >= 0 (K: training digit indices shift by 0..K)")},
+                  "abacus_offset": Described(Int(0), "an integer >= 0 (K: training digit indices shift by 0..K)"),
+                  "coupled_offset": Described(Int(0), "an integer >= 0 (K: training coupled position ids shift by 0..K)")},
                  owner="the position scheme (pos.name)"),
     "attn": Group({
         "kind": Text(), "pattern": Nullable(Text(), "window if attn.window is set, else full"), "n_kv_heads": Nullable(POSITIVE_INT, "n_heads: MHA"),

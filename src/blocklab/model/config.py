@@ -39,8 +39,9 @@ class PosConfig:
     coupled: bool = False
     abacus: bool = False
     abacus_offset: int = 0
+    coupled_offset: int = 0
 
-    SHARED = ("randomize", "random_max", "coupled", "abacus", "abacus_offset")
+    SHARED = ("randomize", "random_max", "coupled", "abacus", "abacus_offset", "coupled_offset")
 
 
 @dataclass

@@ -19,6 +19,13 @@ class Placement:
 
     coupled        position coupling (Cho et al. 2024): the task's position ids give tokens of equal
                    significance (the i-th digit of each operand and of the sum) one shared id.
+    coupled_offset K: in training only, each sequence's coupled ids (all but 0, which marks tokens with no
+                   coupled position) shift by a k drawn uniformly from [0, K], so the ids longer operands
+                   need at test time were trained. Cho et al. draw each training sequence's starting
+                   position id at random ("The starting position ID '6' is an arbitrarily chosen number",
+                   their Figure 2; their code: start uniform in [1, max_pos - n) when training, 1 when
+                   evaluating); K plays the part of max_pos. Not with random_max, which already trains
+                   every id below L.
     abacus         Abacus embeddings (McLeish et al. 2024): each digit gets a learned embedding of its
                    index within its own number, from the task's digit_index stream.
     abacus_offset  K: in training only, each sequence's digit indices are shifted by a k drawn
@@ -33,13 +40,15 @@ class Placement:
     abacus: bool = False
     abacus_offset: int = 0
     random_max: int | None = None
+    coupled_offset: int = 0
 
     @classmethod
     def from_pos(cls, pos: dict) -> "Placement":
         """From the resolved pos group (its shared keys; the scheme's own options are ignored)."""
         return cls(coupled=bool(pos.get("coupled", False)), abacus=bool(pos.get("abacus", False)),
                    abacus_offset=int(pos.get("abacus_offset") or 0),
-                   random_max=pos.get("random_max") if pos.get("randomize", False) else None)
+                   random_max=pos.get("random_max") if pos.get("randomize", False) else None,
+                   coupled_offset=int(pos.get("coupled_offset") or 0))
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -52,16 +61,25 @@ class Placement:
         return self.coupled or self.random_max is not None
 
     def max_position(self, longest_sequence: int) -> int:
-        """One more than the largest position id a model under these settings can see."""
-        return self.random_max if self.random_max is not None else longest_sequence
+        """One more than the largest position id a model under these settings can see (coupled ids are
+        below the sequence's length, then shifted by up to coupled_offset in training)."""
+        if self.random_max is not None:
+            return self.random_max
+        return longest_sequence + (self.coupled_offset if self.coupled else 0)
 
     def place(self, streams: dict[str, list[int]], length: int, rng: random.Random, training: bool) -> dict:
         """The streams a batch carries for one example of `length` tokens (prompt and answer room):
-        the task's own, then randomized positions and the Abacus training offset, drawn from `rng`."""
+        the task's own, then randomized positions or the coupled training offset, and the Abacus
+        training offset, drawn from `rng`."""
         out = {}
         if self.explicit_positions:
             positions = streams[POSITIONS] if self.coupled else list(range(length))
-            out[POSITIONS] = randomized(positions, self.random_max, rng) if self.random_max else positions
+            if self.random_max:
+                positions = randomized(positions, self.random_max, rng)
+            elif self.coupled and training and self.coupled_offset:
+                shift = rng.randint(0, self.coupled_offset)
+                positions = [p + shift if p else 0 for p in positions]
+            out[POSITIONS] = positions
         if self.abacus:
             shift = rng.randint(0, self.abacus_offset) if training and self.abacus_offset else 0
             out[DIGIT_INDEX] = [index + shift if index else 0 for index in streams[DIGIT_INDEX]]
