@@ -1,5 +1,5 @@
 """What copy and addition share: a vocabulary, (prompt, answer) examples generated from a seed,
-padded batches with a loss mask, and fixed validation sets per length."""
+padded batches with a loss mask, fixed validation sets per length, and index hints (Zhou et al. 2024)."""
 import math
 import random
 from abc import abstractmethod
@@ -17,6 +17,42 @@ from blocklab.tasks.placement import STREAMS, Placement
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"  # BOS starts an encoder-decoder's target
 IGNORE = -100  # cross-entropy ignore_index: no loss on prompt or padding
+HINT = "<h{}>"  # the k-th index hint symbol (task.index_hints)
+
+
+def hint_names(count: int) -> list[str]:
+    """Index hints (Zhou et al. 2024, "Transformers Can Achieve Length Generalization But Not Robustly",
+    arXiv 2402.09371, after Zhou et al. 2023): an ordered set of `count` marker symbols (102 in Zhou et
+    al. 2024, the default of task.hint_symbols); each digit or character of an example is preceded by the
+    marker of its index. Each example uses a run of consecutive markers starting at a random point of
+    the set (as Zhou et al. sample consecutive hints from the ordered set, and Cho et al.'s index-hint
+    baseline draws a random starting hint), so the markers longer test examples reach are trained on
+    short examples too."""
+    return [HINT.format(k) for k in range(count)]
+
+
+def hinted(tokens: list[int], indices: list[int], hints: list[int]) -> list[int]:
+    """`tokens` with each preceded by hints[its index]."""
+    return [t for token, index in zip(tokens, indices) for t in (hints[index], token)]
+
+
+def hint_errors(cfg: dict, hints_needed) -> list[str]:
+    """task.hint_symbols must cover the run of hints the longest example uses (checked after the base checks)."""
+    count = cfg.get("hint_symbols")
+    if not cfg.get("index_hints"):
+        return []
+    if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
+        return [f"task.hint_symbols={count!r} must be a positive integer (the number of index hint symbols)"]
+    longest = max([*(cfg.get("eval_lengths") or default_eval_lengths(cfg["min_len"], cfg["max_len"])), cfg["max_len"]])
+    if count < hints_needed(longest):
+        return [f"task.hint_symbols={count} is fewer than the {hints_needed(longest)} consecutive index hints an "
+                f"example of length {longest} needs; set task.hint_symbols >= {hints_needed(longest)}"]
+    return []
+
+
+def through_eos(tokens: list[int], eos_id: int) -> list[int]:
+    """A generated row up to and including its first EOS (all of it without one)."""
+    return tokens[:tokens.index(eos_id) + 1] if eos_id in tokens else tokens
 
 
 @dataclass
@@ -83,6 +119,7 @@ class SequenceTask(Task):
     supports_seq2seq = True
     places_tokens = True
     supplies: frozenset[str] = frozenset()  # the streams (tasks/placement.py) `streams` computes
+    hint_ids: tuple[int, ...] = ()  # the index hint symbols' ids in order (task.index_hints); () without hints
 
     def __init__(self, symbols: list[str], min_len: int, max_len: int, eval_lengths: list[int] | None,
                  batch_size: int, eval_examples: int, eval_seed: int, seed: int, seq2seq: bool = False,
@@ -129,10 +166,35 @@ class SequenceTask(Task):
         from the prompt alone (decoding reads them before the answer exists)."""
         return {}
 
+    def hints_needed(self, length: int) -> int:
+        """How many consecutive index hints an example of `length` uses (a task with index hints says)."""
+        raise NotImplementedError(f"task={self.name} has no index hints")
+
+    def with_hints(self, example: Example, hints: list[int]) -> Example:
+        """The example with each digit or character preceded by hints[its index] (a task with index hints says)."""
+        raise NotImplementedError(f"task={self.name} has no index hints")
+
+    def scored(self, tokens: list[int]) -> list[int]:
+        """What exact match compares of an answer, applied alike to the generated row and the true answer:
+        the tokens themselves, less any index hints. Hints are scaffolding the task adds to the format;
+        what is scored is the answer they mark, so an answer with every digit (and the EOS) right counts
+        as exact whatever hints were written between them. (Teacher-forced loss and token accuracy still
+        count the hint tokens: they are targets the model is trained to write.)"""
+        if not self.hint_ids:
+            return list(tokens)
+        hints = set(self.hint_ids)
+        return [t for t in tokens if t not in hints]
+
     def placement_errors(self) -> list[str]:
         """What this task cannot do of the pos group's shared settings, one line each."""
         errs = []
         placement, setting = self.placement, {"positions": "pos.coupled=true", "digit_index": "pos.abacus=true"}
+        if placement.coupled_offset and not placement.coupled:
+            errs.append(f"pos.coupled_offset={placement.coupled_offset} shifts coupled position ids, but "
+                        "pos.coupled=false; set pos.coupled=true or pos.coupled_offset=0")
+        elif placement.coupled_offset and placement.random_max is not None:
+            errs.append(f"pos.coupled_offset={placement.coupled_offset} has no use with pos.randomize=true, whose "
+                        "ids already cover [0, pos.random_max) in training; set pos.coupled_offset=0")
         for stream in placement.streams:
             if stream not in self.supplies:
                 errs.append(f"{setting[stream]} needs a task that supplies {stream.replace('_', ' ')}; "
@@ -179,7 +241,12 @@ class SequenceTask(Task):
                 for _ in range(self.eval_examples)]
 
     def placed(self, example: Example, length: int, rng: random.Random, training: bool) -> Example:
-        """The example with the streams its batches carry under the configured placement."""
+        """The example as its batches carry it: with index hints (a run of consecutive hint symbols from a
+        random start, in training and evaluation alike), and the streams of the configured placement."""
+        if self.hint_ids:
+            needed = self.hints_needed(length)
+            start = rng.randint(0, len(self.hint_ids) - needed)
+            example = self.with_hints(example, list(self.hint_ids[start:start + needed]))
         if not self.placement.streams and not self.placement.explicit_positions:
             return example
         room = len(example.prompt) + self.max_answer_len(length)
@@ -219,7 +286,8 @@ class SequenceTask(Task):
     @torch.no_grad()
     def evaluate_length(self, model, length: int, batch_size: int = 256) -> dict:
         """Teacher-forced loss and token accuracy, and exact match of the whole answer under
-        greedy autoregressive generation (with the KV cache)."""
+        greedy autoregressive generation (with the KV cache): the generated row up to its first EOS
+        and the true answer agree once both pass through `scored` (index hints dropped)."""
         was_training = model.training
         model.eval()
         loss_sum = correct = tokens = exact = 0
@@ -234,7 +302,8 @@ class SequenceTask(Task):
             generated = generate(model, [torch.tensor(e.prompt) for e in part], self.max_answer_len(length),
                                  eos_id=self.eos_id, pad_id=self.pad_id, bos_id=self.bos_id,
                                  streams=[{k: torch.tensor(v) for k, v in e.streams.items()} for e in part])
-            exact += sum(row[:len(e.answer)] == e.answer for row, e in zip(generated.tolist(), part))
+            exact += sum(self.scored(through_eos(row, self.eos_id)) == self.scored(e.answer)
+                         for row, e in zip(generated.tolist(), part))
         model.train(was_training)
         loss = loss_sum / tokens
         return {
