@@ -122,7 +122,7 @@ def test_unknown_group_option_lists_the_choices():
     proc = run_cli(["pos=spiral"])
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == ["error: pos=spiral is not an option of group pos; options: "
-                                        "alibi learned none rope sinusoidal t5_bias"]
+                                        "alibi fire learned none rope sinusoidal t5_bias"]
 
 
 def test_unwritable_run_dir_is_a_clear_error(tmp_path):

@@ -20,7 +20,7 @@ from blocklab.train.run import prepare
 from conftest import CONF, ROOT, compose_config
 
 SWEEPS = CONF / "sweep"
-EXPECTED_JOBS = {"head_count": 36, "pe_copy": 18, "pe_addition": 18, "pe_lm": 18, "init_depth": 36,
+EXPECTED_JOBS = {"head_count": 36, "pe_copy": 21, "pe_addition": 21, "pe_lm": 21, "init_depth": 36,
                  "norm_placement": 32, "activations": 24, "attention_variants": 9, "causal_mask": 6,
                  "rank_collapse": 12, "attention_scale": 18, "addition_format": 12, "attention_kinds": 36,
                  "sparse_patterns": 24}
@@ -58,9 +58,10 @@ def test_sweep_expands_to_valid_jobs(name, tmp_path):
 @pytest.mark.parametrize("name", ["pe_copy", "pe_addition", "pe_lm"])
 def test_position_sweeps_enumerate_every_scheme(name):
     """`pos: glob(*)`: a new conf/pos file joins the position sweeps by itself; today's jobs are the ones
-    the typed list `none,sinusoidal,learned,t5_bias,rope,alibi` made (their folder names included)."""
+    the typed list `none,sinusoidal,learned,t5_bias,rope,alibi,fire` made (their folder names included)."""
     jobs = expand(name)
-    typed = {("pos=" + pos, f"seed={seed}") for pos in ("none", "sinusoidal", "learned", "t5_bias", "rope", "alibi")
+    typed = {("pos=" + pos, f"seed={seed}") for pos in ("none", "sinusoidal", "learned", "t5_bias", "rope", "alibi",
+                                                         "fire")
              for seed in range(3)}
     assert {tuple(job) for job in jobs} == typed
     assert {job[0].removeprefix("pos=") for job in jobs} == {p.stem for p in (CONF / "pos").glob("*.yaml")}

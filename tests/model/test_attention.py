@@ -377,7 +377,12 @@ def test_under_bf16_autocast_attention_itself_computes_in_float32(pos, variant, 
     scale = expected.abs().max()
     assert 0 < (out.float() - expected).abs().max() < 0.03 * scale
     assert mixed.keys() == reference.keys()
+    largest = max(float(g.norm()) for g in reference.values())
     for name, grad in mixed.items():
         assert grad.dtype == torch.float32
-        cosine = F.cosine_similarity(grad.flatten(), reference[name].flatten(), dim=0)
-        assert cosine > 0.99, (name, float(cosine))
+        # A gradient ~1e-4 of the largest (FIRE's hidden bias, whose effect the softmax mostly cancels) is all
+        # rounding in direction; it must still be as small in absolute terms.
+        assert float((grad - reference[name]).norm()) < 0.02 * largest, name
+        if reference[name].norm() > 0.01 * largest:
+            cosine = F.cosine_similarity(grad.flatten(), reference[name].flatten(), dim=0)
+            assert cosine > 0.99, (name, float(cosine))

@@ -215,6 +215,7 @@ class LearnedBiasAttention(torch.autograd.Function):
     at least one key (build_mask guarantees it), so no softmax row is empty."""
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=None)
     def forward(ctx, q, k, v, mask, scale):
         # detached: SDPA picks its kernel by requires_grad, even where autograd is off as here
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.detach(), scale=scale,
@@ -224,6 +225,7 @@ class LearnedBiasAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")  # the backward runs in the forward's precision (float32), not an outer autocast's
     def backward(ctx, grad_out):
         q, k, v, mask, out = ctx.saved_tensors
         group = q.shape[1] // k.shape[1]  # query heads per K/V head (GQA/MQA)
