@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor, nn
 
 from blocklab.model.abacus import AbacusEmbedding, abacus_size
@@ -68,6 +69,11 @@ class Transformer(nn.Module):
         """How much cached decoding state grows per generated token, over all layers."""
         size = next(self.parameters()).element_size()
         return sum(block.attn.state_bytes_per_token(size) for block in self.blocks)
+
+    def placeholder_streams(self, idx: Tensor) -> dict[str, Tensor]:
+        """Streams to time or measure the model on random tokens `idx` (costs do not depend on their values):
+        digit indices of 0 for a model with Abacus embeddings, nothing otherwise."""
+        return {} if self.abacus is None else {"digit_index": torch.zeros_like(idx)}
 
     def _dropout(self, x: Tensor) -> Tensor:
         return x if self.drop is None else self.drop(x)

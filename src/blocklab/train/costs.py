@@ -67,10 +67,10 @@ def decode_at(model, context: int, new_tokens: int, batch: int) -> dict:
     shape, generator = (batch, context - new_tokens), torch.Generator().manual_seed(0)
     prompt = torch.randint(model.cfg.vocab_size, shape, generator=generator).to(next(model.parameters()).device)
     cache = model.new_cache()
-    token = model(prompt, cache=cache)[:, -1:].argmax(-1)
+    token = model(prompt, cache=cache, **model.placeholder_streams(prompt))[:, -1:].argmax(-1)
     start = time.perf_counter()
     for _ in range(new_tokens):
-        token = model(token, cache=cache)[:, -1:].argmax(-1)
+        token = model(token, cache=cache, **model.placeholder_streams(token))[:, -1:].argmax(-1)
     elapsed = time.perf_counter() - start
     return {"decode_tokens_per_s": batch * new_tokens / elapsed, "decode_state_bytes": cache.bytes() // batch}
 
@@ -85,5 +85,6 @@ def costs(model, task: Task, new_tokens: int = 32, batch: int = 4) -> dict:
     if model.is_encoder_decoder or not model.cfg.attn.causal:
         return out
     ids = torch.randint(model.cfg.vocab_size, (1, context + 1), generator=torch.Generator().manual_seed(0))
-    out["context_step_peak_bytes"] = step_peak_bytes(model, {"input": ids[:, :-1], "target": ids[:, 1:]})
+    out["context_step_peak_bytes"] = step_peak_bytes(
+        model, {"input": ids[:, :-1], "target": ids[:, 1:], **model.placeholder_streams(ids[:, :-1])})
     return {**out, **decode_at(model, context, min(new_tokens, context - 1), batch)}

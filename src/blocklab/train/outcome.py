@@ -1,6 +1,8 @@
 """What a finished training run reports in results.json (the contract is blocklab/results.py)."""
 import time
 
+import torch
+
 from blocklab.model import ModelConfig
 from blocklab.model.generate import generate
 from blocklab.results import in_distribution_exact_match, learned_in_distribution
@@ -36,7 +38,8 @@ def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8) -> dic
     prompts = [row[:8] for row in probe.get("source", probe["input"])]
     new_tokens = min(new_tokens, cfg.max_len - 8)  # a learned position table ends at max_len
     start = time.perf_counter()
-    generate(model, prompts, new_tokens, bos_id=task.bos_id)
+    streams = [model.placeholder_streams(torch.zeros(len(p) + new_tokens, dtype=torch.long)) for p in prompts]
+    generate(model, prompts, new_tokens, bos_id=task.bos_id, streams=streams)
     elapsed = time.perf_counter() - start
     return {"kv_cache_bytes_per_token": bytes_per_token, "tokens_per_s": batch * new_tokens / elapsed}
 
