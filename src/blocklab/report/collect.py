@@ -45,6 +45,8 @@ def load_run(run_dir: Path) -> dict:
     row["task"] = results.get("task")
     row["overrides"] = dict(o.partition("=")[::2] for o in swept_overrides(results.get("overrides", [])))
     row.update(results.get("choices", {}))
+    for key, value in row["overrides"].items():
+        row.setdefault(key, value)  # a swept group's choice (method=coupled) names the job as a compare key can
     if results["status"] in ("failed", "invalid"):  # nothing was measured
         return row
     evals = results["eval"]
