@@ -8,7 +8,7 @@ import torch
 from blocklab.errors import ConfigError
 from blocklab.tasks import build_task
 from blocklab.tasks.placement import Placement, randomized
-from tests.conftest import run_cli
+from conftest import run_cli
 
 COPY = dict(name="copy", alphabet="abcdef", min_len=2, max_len=6, eval_lengths=[4, 12], batch_size=8,
             eval_examples=10, eval_seed=7)
