@@ -77,14 +77,15 @@ def test_an_impossible_sweep_job_is_listed_before_launch_recorded_invalid_and_ne
     assert list((sweep_dir / "0").glob("results.failed-*")) == []
 
 
-def test_a_debug_run_prints_at_most_15_lines_with_the_default_logger(tmp_path):
+def test_a_debug_run_prints_at_most_16_lines_with_the_default_logger(tmp_path):
     """Progress, one line about where W&B wrote, the result table and a status line: nothing else."""
     from conftest import run_cli
 
     proc = run_cli(["trainer=debug", f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 0, proc.stderr
     lines = (proc.stdout + proc.stderr).splitlines()
-    assert len(lines) <= 15, "\n".join(lines)
+    assert len(lines) <= 16, "\n".join(lines)  # 15, plus the warning that a 20-step model has not learned copy
     assert sum(line.startswith("W&B offline run:") for line in lines) == 1
     assert not any(line.startswith("wandb:") or "available:" in line or "Warning" in line for line in lines)
-    assert lines[-1].startswith("status: completed") and lines[-1].endswith("results.json")
+    status = lines[-2] if lines[-1].startswith("warning: in-distribution exact match") else lines[-1]
+    assert status.startswith("status: completed") and status.endswith("results.json")
