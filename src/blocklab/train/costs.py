@@ -1,5 +1,6 @@
 """What a model costs, measured once after training (results.json `costs`, from outcome.py): peak memory of a
-training step at a training batch and at the longest context the model was built for, and greedy decoding speed
+training step at a training batch and at the longest context the model was built for, forward FLOPs per token of a
+training batch, and greedy decoding speed
 and the decoding state held at that context. Training speed is results.json `tokens_per_s`."""
 import time
 import weakref
@@ -8,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from torch.utils._pytree import tree_leaves
 
 from blocklab.model.generate import decoding
@@ -60,6 +62,24 @@ def step_peak_bytes(model, batch: dict) -> int:
     return memory.peak
 
 
+# Torch's counter knows the CUDA attention kernels; the CPU one (causal or masked work counted dense) it does not.
+_CPU_SDPA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+             lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)}
+
+
+def forward_flops_per_token(model, batch: dict) -> float:
+    """FLOPs of one forward pass of a training batch per input position (torch's FlopCounterMode: matmuls and
+    attention, 2 per multiply-add; masked attention counted as the kernel computes it)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, Tensor)}
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_CPU_SDPA) as counter:
+        model(batch["input"], **model_inputs(batch))
+    model.train(was_training)
+    return counter.get_total_flops() / batch["input"].numel()
+
+
 @decoding()
 def decode_at(model, context: int, new_tokens: int, batch: int) -> dict:
     """Greedy cached decoding of the last `new_tokens` of `context` (random prompt tokens: speed and state do
@@ -79,9 +99,10 @@ def costs(model, task: Task, new_tokens: int = 32, batch: int = 4) -> dict:
     """The measurements at a training batch and at the model's longest context (model.cfg.max_len: the longest
     sequence trained or evaluated). An encoder-decoder or bidirectional model records null where the
     measurement needs a causal decoder."""
-    context = model.cfg.max_len
-    out = {"context": context, "step_peak_bytes": step_peak_bytes(model, next(iter(task.train_batches()))),
-           "context_step_peak_bytes": None, "decode_tokens_per_s": None, "decode_state_bytes": None}
+    context, train_batch = model.cfg.max_len, next(iter(task.train_batches()))
+    out = {"context": context, "step_peak_bytes": step_peak_bytes(model, train_batch),
+           "forward_flops_per_token": forward_flops_per_token(model, train_batch), "context_step_peak_bytes": None,
+           "decode_tokens_per_s": None, "decode_state_bytes": None}
     if model.is_encoder_decoder or not model.cfg.attn.causal:
         return out
     ids = torch.randint(model.cfg.vocab_size, (1, context + 1), generator=torch.Generator().manual_seed(0))

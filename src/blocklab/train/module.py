@@ -61,9 +61,15 @@ class LitTransformer(L.LightningModule):
         self._window_tokens, self._window_time, self._step_start = 0, 0.0, 0.0
         self.last_train_loss = float("nan")
         self.target_loss, self.steps_to_target = target_loss, None
+        # results.json train_loss_curve: [step, mean training loss over the steps since the last point], about
+        # CURVE_POINTS per run whatever its length (the report reads its early loss off it); the window carries on.
+        self.train_loss_curve: list[list] = []
+        self._loss_window = [0.0, 0]
 
+    CURVE_POINTS = 20
     # Running totals survive a resume, so results (train time and throughput too) are the whole run's.
-    TOTALS = ("tokens_seen", "step_time_s", "train_time_s", "last_train_loss", "steps_to_target")
+    TOTALS = ("tokens_seen", "step_time_s", "train_time_s", "last_train_loss", "steps_to_target", "train_loss_curve",
+              "_loss_window")
 
     def _count_train_time(self) -> None:
         now = time.perf_counter()
@@ -118,6 +124,11 @@ class LitTransformer(L.LightningModule):
         self.last_train_loss = float(outputs["loss"])
         if self.target_loss is not None and self.steps_to_target is None and self.last_train_loss < self.target_loss:
             self.steps_to_target = self.global_step
+        self._loss_window = [self._loss_window[0] + self.last_train_loss, self._loss_window[1] + 1]
+        total = self.trainer.max_steps
+        if self.global_step % max(1, total // self.CURVE_POINTS) == 0 or self.global_step == total:
+            self.train_loss_curve.append([self.global_step, self._loss_window[0] / self._loss_window[1]])
+            self._loss_window = [0.0, 0]
         if (self.global_step % self.trainer.log_every_n_steps) == 0 and self._window_time > 0:
             self.log("train/tokens_per_s", self._window_tokens / self._window_time)
             self._window_tokens, self._window_time = 0, 0.0

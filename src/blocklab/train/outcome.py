@@ -32,6 +32,8 @@ def placement_label(pos) -> str:
 
 def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8) -> dict:
     """How much the decoding state grows per token (each attention kind says) and cached greedy decoding speed."""
+    if not model.generates:  # an encoder-only model: nothing to decode
+        return {"kv_cache_bytes_per_token": None, "tokens_per_s": None}
     cfg = model.cfg
     bytes_per_token = model.cache_bytes_per_token()
     probe = task.probe_batch(batch)
@@ -62,6 +64,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": diverged_at_step,
         "steps_to_target_loss": lit.steps_to_target,
+        "train_loss_curve": lit.train_loss_curve,
         "train_lengths": list(task.train_lengths),
         "eval": rows,
         "decode": decode_stats(lit.model, task),
