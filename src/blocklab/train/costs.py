@@ -1,7 +1,7 @@
 """What a model costs, measured once after training (results.json `costs`, from outcome.py): peak memory of a
 training step at a training batch and at the longest context the model was built for, forward FLOPs per token of a
-training batch, and greedy decoding speed
-and the decoding state held at that context. Training speed is results.json `tokens_per_s`."""
+training batch, and greedy decoding speed and the decoding state held at that context. Training speed is
+results.json `tokens_per_s`."""
 import time
 import weakref
 
