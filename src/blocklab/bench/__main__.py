@@ -13,6 +13,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from blocklab import hardware
 from blocklab.bench.suites import BENCHMARKS
 from blocklab.results import console_kwargs
 
@@ -27,9 +28,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     names = args.names or list(BENCHMARKS)
     console = Console(**console_kwargs())
-    results = {"machine": {"cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+    machine = hardware.describe()
+    results = {"machine": {**machine, "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
                            "python": platform.python_version(), "command": " ".join(["python -m blocklab.bench", *(argv or sys.argv[1:])])},
                "benchmarks": {}}
+    # Figures mean little without the CPU: bfloat16 and even float32 ratios change with its kernels.
+    cpu_line = (f"machine: {machine['cpu']}, torch CPU kernels {machine['torch_cpu_capability']}, flags "
+                f"{' '.join(machine['flags']) or 'unknown'}, native bf16 {machine['native_bf16']}, "
+                f"{machine['threads']} threads, torch {torch.__version__}")
+    console.print(cpu_line, soft_wrap=True, markup=False)
     for name in names:
         start = time.perf_counter()
         with console.status(f"running {name}..."):
@@ -39,6 +46,7 @@ def main(argv=None) -> int:
         head = f"{name} ({result['wall_s']} s)"
         for title, rows in result.get("tables", {"": result["rows"]}).items():
             console.print(_table(f"{head}: {title}" if title else head, rows))
+        console.print(cpu_line, soft_wrap=True, markup=False)
         for note in result.get("notes", []):
             console.print(f"note: {note}", soft_wrap=True, markup=False)
         console.print(_targets(name, result["targets"]))

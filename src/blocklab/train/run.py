@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from blocklab.experiment import Setup
+from blocklab.hardware import precision_warning
 from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
 from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, LastCheckpoint, StepProgressBar
 from blocklab.train.checks import check_run_dir
@@ -68,6 +69,9 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         setup.save(cfg)
     if in_sweep() and groups["trainer"].get("strategy") == "ddp":
         relaunch_only_this_job(run_dir)
+    warning = precision_warning(groups["trainer"].get("accelerator"), str(groups["trainer"].get("precision", "32-true")))
+    if warning and is_rank_zero:
+        print(warning, file=sys.stderr)
     L.seed_everything(groups["seed"], workers=True, verbose=False)
     picked = choices(setup.model_cfg, groups["seed"], groups["trainer"].get("precision", "32-true"))
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \

@@ -1,0 +1,47 @@
+"""The CPU description beside bench figures, and the warning for bfloat16 on a CPU that emulates it."""
+import pytest
+
+from blocklab import hardware
+from conftest import run_in_process
+
+FAST = ["trainer=debug", "logger=none", "diagnostics=none", "task.eval_examples=8"]
+
+
+@pytest.fixture
+def cpuinfo(monkeypatch):
+    def set_flags(flags: str):
+        monkeypatch.setattr(hardware, "_cpuinfo", lambda: {"model name": "Test CPU", "flags": flags})
+    return set_flags
+
+
+@pytest.mark.parametrize("flags, native", [("fpu avx avx2 fma", False), ("avx2 avx512f avx512_bf16", True),
+                                           ("avx2 amx_tile amx_bf16", True), ("", None)])
+def test_native_bf16_reads_the_cpu_flags(cpuinfo, flags, native):
+    cpuinfo(flags)
+    assert hardware.native_bf16() is native
+
+
+def test_describe_names_the_cpu_and_only_the_flags_that_pick_kernels(cpuinfo):
+    cpuinfo("fpu sse avx avx2 fma avx512_bf16 avx512f")
+    machine = hardware.describe()
+    assert machine["cpu"] == "Test CPU" and machine["native_bf16"] is True
+    assert machine["flags"] == ["avx2", "fma", "avx512f", "avx512_bf16"]  # fpu, sse, avx are not listed
+
+
+def test_bf16_on_an_emulating_cpu_warns_with_the_fix_and_nothing_else_does(cpuinfo):
+    cpuinfo("avx2 fma")
+    line = hardware.precision_warning("cpu", "bf16-mixed")
+    assert "Test CPU" in line and "17x slower" in line and "trainer.precision=32-true" in line
+    assert hardware.precision_warning("cpu", "32-true") is None
+    cpuinfo("avx2 avx512_bf16")
+    assert hardware.precision_warning("cpu", "bf16-mixed") is None
+    cpuinfo("")  # cannot tell: no warning rather than a false one
+    assert hardware.precision_warning("cpu", "bf16-mixed") is None
+
+
+def test_a_bf16_run_on_an_emulating_cpu_prints_the_warning_once_and_trains(cpuinfo, capsys, tmp_path):
+    cpuinfo("avx2 fma")
+    run_in_process([*FAST, "trainer.precision=bf16-mixed"], tmp_path / "run")
+    err = capsys.readouterr().err
+    assert err.count("trainer.precision=bf16-mixed on a CPU without native bfloat16") == 1
+    assert (tmp_path / "run" / "results.json").exists()
