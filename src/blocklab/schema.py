@@ -146,13 +146,23 @@ class Either(Spec):
 
 
 @dataclass(frozen=True)
-class Mapping(Spec):
-    """Keys a sweep file describes itself with (study: name, question, plots...); the report reads them."""
+class Study(Spec):
+    """Keys a sweep file describes itself with (study: name, question, compare, plots, metrics...), null outside a
+    sweep; the report reads them. `metrics` names the result columns its table and findings judge by (which
+    columns exist is the report's to say: it checks the names against the runs)."""
 
-    expect: str = "a mapping of keys, as a sweep file sets it"
+    expect: str = "null (not part of a study) or a mapping of keys, as a sweep file sets it"
 
     def accepts(self, value):
-        return isinstance(value, dict)
+        return value is None or isinstance(value, dict)
+
+    def error(self, key, value):
+        metrics = value.get("metrics") if isinstance(value, dict) else None
+        if metrics is not None and not (isinstance(metrics, list) and metrics
+                                        and all(isinstance(m, str) and m for m in metrics)):
+            return (f"{key}.metrics={metrics!r} must be a non-empty list of result columns, "
+                    "e.g. [exact_match_in, final_val_loss]")
+        return super().error(key, value)
 
 
 @dataclass(frozen=True)
@@ -222,7 +232,7 @@ SCHEMA: dict[str, Group] = {
     "": Group({
         "seed": Int(), "max_loss": Described(Nullable(POSITIVE, ""), "null (no ceiling) or a loss > 0"), "target_loss": Nullable(POSITIVE, "none"),
         "checkpoint_every": Described(POSITIVE_INT, "a positive number of steps"), "resume": Bool(), "run_dir": Text(),
-        "study": Nullable(Mapping(), "not part of a study")}),
+        "study": Study()}),
 }
 GROUPS = tuple(name for name in SCHEMA if name)
 
