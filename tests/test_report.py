@@ -18,8 +18,8 @@ def test_a_sweep_over_tasks_is_judged_within_each_task(tmp_path):
     rows = [run("copy", h, s, 0.1 * h + 0.01 * s) for h in (1, 2, 16) for s in (0, 1)]
     rows += [run("lm", h, s, 2.0 + 0.1 / h + 0.001 * s) for h in (1, 2, 16) for s in (0, 1)]
     page = section("head_count", {"compare": ["task", "n_heads"]}, rows, tmp_path)
-    assert "task=copy: final_val_loss: best n_heads=1 " in page and "worst n_heads=16 " in page
-    assert "task=lm: final_val_loss: best n_heads=16 " in page and "worst n_heads=1 " in page
+    assert "task=copy: final_val_loss (lower is better): n_heads=1 is best, 0.105 [0.100, 0.110]" in page
+    assert "task=lm: final_val_loss (lower is better): n_heads=16 is best, 2.007 [2.006, 2.007]" in page
     # What was swept comes from the runs' overrides, in numeric order.
     assert "swept: model.n_heads ∈ {1, 2, 16}; seed ∈ {0, 1}; task ∈ {copy, lm}." in page
 

@@ -103,17 +103,20 @@ def test_the_plot_draws_the_seed_mean_and_the_min_max_band(tmp_path):
     rows = fabricate(tmp_path / "sweep")
     fig, ax = plt.subplots()
     note = PLOTS["length_curve"](ax, rows, {"kind": "length_curve", "metric": "exact_match"}, "exact_match", ["pos"])
-    means = {line.get_label(): line for line in ax.get_lines() if line.get_label().startswith("pos=")}
-    assert list(means) == ["pos=alibi", "pos=none", "pos=rope", "pos=sinusoidal"]
-    rope = means["pos=rope"]
+    # Labels are the swept values (the legend's title names the key), the legend sits beside the axes.
+    means = {line.get_label(): line for line in ax.get_lines() if line.get_linestyle() != "--"}
+    assert list(means) == ["alibi", "none", "rope", "sinusoidal"]
+    legend = ax.get_legend()
+    assert legend.get_title().get_text() == "pos" and legend.get_bbox_to_anchor().x0 > ax.bbox.x1 - 1
+    rope = means["rope"]
     assert list(rope.get_xdata()) == [4, 8, 12, 16]
     assert list(rope.get_ydata()) == pytest.approx([1.0, 0.99333333, 0.91, 0.82333333])
-    assert list(means["pos=sinusoidal"].get_ydata()) == pytest.approx([1.0, 0.96666667, 0.86666667, 0.725])
+    assert list(means["sinusoidal"].get_ydata()) == pytest.approx([1.0, 0.96666667, 0.86666667, 0.725])
     # The band of each setting, in its line's colour: at each length its edges are the lowest and highest seed.
     bands = dict(zip(means, ax.collections))
     for label, line in means.items():
         assert tuple(bands[label].get_facecolor()[0][:3]) == pytest.approx(plt.matplotlib.colors.to_rgb(line.get_color()))
-    vertices = bands["pos=rope"].get_paths()[0].vertices
+    vertices = bands["rope"].get_paths()[0].vertices
     edges = {x: sorted({round(float(y), 6) for vx, y in vertices if vx == x}) for x in (4, 8, 12, 16)}
     assert edges == {4: [1.0], 8: [0.98, 1.0], 12: [0.88, 0.95], 16: [0.6, 0.95]}
     # Dashed vertical lines at the longest training lengths (8 for most settings, 10 for alibi).

@@ -1,11 +1,14 @@
-"""Tables (mean ± std over seeds), the canonical plot of each exercise, findings computed from the
-numbers, and one self-contained HTML page (images inlined, opens offline)."""
+"""A sweep's report: per study, its question and budget, a table of the study's own metrics (mean over seeds and
+95% bootstrap interval), findings computed from the numbers (a winner only where the intervals are apart), a
+summary table in the layout of Narang et al. 2021, the length tables, the canonical plots with seed bands, and one
+self-contained HTML page (images inlined, opens offline). Every column goes to summary.csv."""
 import base64
 import csv
+import difflib
 import html
 import json
-import math
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -14,33 +17,43 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.registry import Registry  # noqa: E402
-from blocklab.report import length_gen  # noqa: E402
+from blocklab.report import length_gen, stats, tables  # noqa: E402
 from blocklab.report.attention_costs import BENCH_JSON, attention_costs_section  # noqa: E402
-from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER  # noqa: E402
+from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS  # noqa: E402
 from blocklab.results import RESULTS_FILE  # noqa: E402
 
-TABLE_METRICS = ["final_val_loss", "final_train_loss", "exact_match_in", "exact_match_out", "params",
-                 "tokens_per_s", "diverged", "steps_to_target_loss", "kv_cache_bytes_per_token",
-                 "decode_tokens_per_s", "head_similarity", "ffn_sparsity"]
+# What a study without `study.metrics` is judged on (those its runs record).
+DEFAULT_METRICS = ("final_val_loss", "exact_match_in", "exact_match_out")
 CSV_SKIP = {"eval", "layers_init", "layers_end", "overrides"}
+# Settings every run of a section shares and no setting had tuned for it: the budget names them.
+FIXED = ("optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "task.batch_size",
+         "trainer.gradient_clip_val", "model.d_model", "model.n_layers", "model.n_heads")
 
 
 def _keys(spec_by) -> list[str]:
     return [spec_by] if isinstance(spec_by, str) else list(spec_by)
 
 
-def _label(row: dict, keys: list[str]) -> str:
-    return ", ".join(f"{k}={row.get(k)}" for k in keys)
+def _short(key: str) -> str:
+    """A key as a label names it: its last part (task.reverse_answer -> reverse_answer)."""
+    return key.rsplit(".", 1)[-1]
+
+
+def _label(values: tuple) -> str:
+    """A setting as a plot labels it: its swept values (the legend's title names the keys)."""
+    return ", ".join(str(v) for v in values)
+
+
+def _name(keys: list[str], values: tuple) -> str:
+    """A setting as a sentence names it: short key=value pairs."""
+    return ", ".join(f"{_short(k)}={v}" for k, v in zip(keys, values))
 
 
 def mean_std(values: list) -> tuple[float | None, float | None, int]:
-    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not values:
-        return None, None, 0
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return mean, std, len(values)
+    e = stats.estimate(values)
+    return (None, None, 0) if e is None else (e.mean, e.sd, e.n)
 
 
 def group(rows: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
@@ -64,39 +77,90 @@ def _fmt(mean, std, n) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if n > 1 else "")
 
 
-def table(rows: list[dict], compare: list[str]) -> tuple[list[str], list[list[str]]]:
-    metrics = [m for m in TABLE_METRICS if any(r.get(m) is not None for r in rows)]
-    header = [*compare, "runs", *metrics]
-    body = []
-    for key, members in group(rows, compare).items():
-        cells = [str(v) for v in key] + [str(len(members))]
-        cells += [_fmt(*mean_std([m.get(metric) for m in members])) for metric in metrics]
-        body.append(cells)
-    return header, body
+def metrics_spec(value, rows: list[dict] = ()) -> list[str]:
+    """The study's metrics (`study.metrics`): report columns (collect.METRICS) or results.json fields by dotted
+    path. Without the key: the losses and exact match its runs record. Raises ConfigError, one line per problem."""
+    if value is None:
+        present = [m for m in DEFAULT_METRICS if any(r.get(m) is not None for r in rows)]
+        return present or list(DEFAULT_METRICS[:1])
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"study.metrics={value!r} must be a non-empty list of result columns, e.g. "
+                          "[exact_match_in, final_val_loss]")
+    errors = []
+    for name in value:
+        if not isinstance(name, str) or not (name in METRICS or "." in name):
+            close = difflib.get_close_matches(str(name), METRICS, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            errors.append(f"study.metrics: {name!r} is not a report column; {hint}use one of {', '.join(METRICS)}, "
+                          "or a results.json field by dotted path (costs.decode_state_bytes)")
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return list(value)
 
 
-def findings(rows: list[dict], compare: list[str], metric: str) -> str:
-    """Best and worst setting for a metric, with the spread over seeds, from the data."""
-    stats = [(key, *mean_std([m.get(metric) for m in members])) for key, members in group(rows, compare).items()]
-    stats = [s for s in stats if s[1] is not None]
-    if len(stats) < 2:
-        return ""
-    ordered = sorted(stats, key=lambda s: s[1])
-    if metric in HIGHER_IS_BETTER:
-        ordered.reverse()
-    best, worst = ordered[0], ordered[-1]
-    name = lambda s: ", ".join(f"{k}={v}" for k, v in zip(compare, s[0]))  # noqa: E731
-    if metric in HIGHER_IS_BETTER | LOWER_IS_BETTER:
-        words = ("best", "worst")
+def _direction(metric: str) -> bool | None:
+    """True: higher is better, False: lower is better, None: neither (a diagnostic such as head similarity)."""
+    name = metric.split(".")[-1]
+    if name in HIGHER_IS_BETTER or name.endswith("_per_s"):
+        return True
+    if name in LOWER_IS_BETTER or name.endswith("_bytes"):
+        return False
+    return None
+
+
+@dataclass
+class Finding:
+    """One sentence of "What the numbers show", with the comparisons it rests on as sub-items."""
+
+    text: str
+    details: list[str] = field(default_factory=list)
+
+
+def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
+    """The setting with the best mean (the highest, for a metric with no better direction) against every other:
+    its mean [95% CI], P(best better) over seed pairs, and "not distinguishable at N seeds" where the intervals
+    overlap. Degenerate cases read as sentences: every run scores the same, one seed per setting, one setting."""
+    estimates = [(key, stats.estimate([_value(m, metric) for m in members])) for key, members in
+                 group(rows, keys).items()]
+    estimates = [(key, e) for key, e in estimates if e is not None]
+    if not estimates:
+        return []
+    values = [v for _, e in estimates for v in e.values]
+    if min(values) == max(values):
+        who = "every setting scores" if len(estimates) > 1 else "every run scores"
+        return [Finding(f"{who} {values[0]:g} on {metric} ({len(values)} runs): it does not tell the settings "
+                        "apart.")]
+    if len(estimates) == 1:
+        (key, e), = estimates
+        return [Finding(f"{metric}: {_name(keys, key) or 'all runs'} {stats.mean_interval(e)} over {e.n} seeds.")]
+    higher = _direction(metric)
+    ordered = sorted(estimates, key=lambda ke: ke[1].mean, reverse=higher is not False)
+    (best_key, best), (worst_key, worst) = ordered[0], ordered[-1]
+    word, low_word = ("best", "worst") if higher is not None else ("highest", "lowest")
+    how = {True: "higher is better", False: "lower is better", None: "no better direction"}[higher]
+    if all(e.n < 2 for _, e in estimates):
+        return [Finding(f"{metric} ({how}): {word} mean {_name(keys, best_key)} ({stats.fmt(best.mean)}), {low_word} "
+                        f"{_name(keys, worst_key)} ({stats.fmt(worst.mean)}); one run each, so the seed spread is "
+                        "unknown and no winner is named (add seeds).")]
+    better = "better" if higher is not None else "higher"
+    details, apart = [], []
+    for key, e in ordered[1:]:
+        p = stats.prob_improvement(best.values, e.values, higher_is_better=higher is not False)
+        apart += [key] if not stats.overlap(best, e) else []
+        details.append(f"{_name(keys, key)}: {stats.mean_interval(e)}; P({word} {better}) = {p:.2f}; "
+                       f"{stats.verdict(best, e, better=f'the {word} is {better} (intervals apart)')}.")
+    others, seeds, setting = len(ordered) - 1, f"{best.n} seed{'s' if best.n > 1 else ''}", _name(keys, best_key)
+    mean = stats.mean_interval(best)
+    if not apart:
+        text = (f"{metric} ({how}): not distinguishable at {seeds}: the {word} mean, {setting} {mean}, overlaps "
+                "every other setting's 95% interval, so no winner is named.")
+    elif len(apart) == others:
+        text = (f"{metric} ({how}): {setting} is {word}, {mean} (mean [95% CI] over {seeds}); its interval is "
+                "apart from every other setting's.")
     else:
-        words = ("lowest", "highest")
-    gap = abs(best[1] - worst[1])
-    text = f"{metric}: {words[0]} {name(best)} ({_fmt(*best[1:])}), {words[1]} {name(worst)} ({_fmt(*worst[1:])})"
-    if best[3] < 2 or worst[3] < 2:
-        return f"{text}; one run each, so the seed spread is unknown (add seeds to judge the gap of {gap:.3g})."
-    noise = max(best[2], worst[2])
-    verdict = "larger than" if gap > 2 * noise else "within"
-    return f"{text}; the gap ({gap:.3g}) is {verdict} twice the seed spread ({noise:.3g})."
+        text = (f"{metric} ({how}): {word} mean {setting} {mean} over {seeds}; {better} than {len(apart)} of "
+                f"{others} other settings (intervals apart), not distinguishable from the rest at {seeds}.")
+    return [Finding(text, details)]
 
 
 def _select(rows, where: dict | None):
@@ -106,70 +170,77 @@ def _select(rows, where: dict | None):
 PLOTS: Registry = Registry("study.plots[].kind")
 
 
-@PLOTS.register("by_length")
-def plot_by_length(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
-    """The metric against evaluation length, one line per setting; dashed: the longest trained length."""
-    for key, members in group(rows, by).items():
-        lengths = sorted({e["length"] for m in members for e in m["eval"]})
-        means = [mean_std([e[metric] for m in members for e in m["eval"] if e["length"] == n])[0] for n in lengths]
-        ax.plot(lengths, means, marker="o", label=_label(dict(zip(by, key)), by))
-    train_max = max(r["train_max_length"] for r in rows)
-    ax.axvline(train_max, color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("length (dashed: longest trained)")
-    _legend(ax)
-    return findings(rows, by, "exact_match_out" if metric == "exact_match" else "loss_out")
+def _band(ax, xs, lows, highs, line) -> None:
+    """The seed range (lowest to highest seed) behind a mean line, in its colour."""
+    ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
 @PLOTS.register("length_curve")
 def plot_length_curve(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """The metric against evaluation length per setting: the mean over seeds, the seed range (min to max)
     shaded; dashed: the longest trained length. The note names the widest seed range beyond training."""
-    curves = [(_label(dict(zip(by, key)), by) or metric, length_gen.curve(members, metric))
-              for key, members in group(rows, by).items()]
-    note = length_gen.draw(ax, curves, sorted({r["train_max_length"] for r in rows}), metric)
-    _legend(ax)
+    groups = group(rows, by)
+    curves = [(_label(key) or metric, length_gen.curve(members, metric)) for key, members in groups.items()]
+    names = [_name(by, key) or metric for key in groups]
+    note = length_gen.draw(ax, curves, sorted({r["train_max_length"] for r in rows}), metric, names)
+    _legend(ax, by)
     return note
+
+
+@PLOTS.register("by_length")
+def plot_by_length(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """The length curve under the name the position-scheme sweeps use."""
+    return plot_length_curve(ax, rows, spec, metric, by)
 
 
 @PLOTS.register("by_choice")
 def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
-    """The metric against a numeric choice `x` (log2 axis), one line per setting."""
+    """The metric against a numeric choice `x` (log2 axis), one line per setting: the mean over seeds, the seed
+    range shaded."""
     for key, members in group(rows, by).items():
-        xs = sorted({m.get(spec["x"]) for m in members})
-        ys = [mean_std([m.get(metric) for m in members if m.get(spec["x"]) == x])[0] for x in xs]
-        ax.plot(xs, ys, marker="o", label=_label(dict(zip(by, key)), by) or metric)
+        xs = sorted({m.get(spec["x"]) for m in members if m.get(spec["x"]) is not None})
+        per_x = [stats.finite([m.get(metric) for m in members if m.get(spec["x"]) == x]) for x in xs]
+        xs, per_x = [x for x, v in zip(xs, per_x) if v], [v for v in per_x if v]
+        (line,) = ax.plot(xs, [sum(v) / len(v) for v in per_x], marker="o", label=_label(key) or metric)
+        _band(ax, xs, [min(v) for v in per_x], [max(v) for v in per_x], line)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(spec["x"])
-    _legend(ax)
+    ax.set_xlabel(f"{spec['x']} (shaded: min to max over seeds)")
+    _legend(ax, by)
     return None
 
 
 @PLOTS.register("by_layer")
 def plot_by_layer(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
-    """A per-layer diagnostic (at init or at the end, `when`), one line per setting and depth."""
-    when = spec.get("when", "init")
-    for key, members in group(rows, by + ["model.n_layers"]).items():
+    """A per-layer diagnostic (at init or at the end, `when`), one line per setting and depth: the mean over
+    seeds, the seed range shaded."""
+    when, keys = spec.get("when", "init"), by + ["model.n_layers"]
+    for key, members in group(rows, keys).items():
         series = [m[f"layers_{when}"].get(metric) for m in members if m.get(f"layers_{when}")]
         series = [s for s in series if s and None not in s]
         if not series:
             continue
-        ys = [sum(values) / len(values) for values in zip(*series)]
-        ax.plot(range(len(ys)), ys, label=_label(dict(zip(by + ["model.n_layers"], key)), by + ["model.n_layers"]))
+        per_layer = list(zip(*series))
+        (line,) = ax.plot(range(len(per_layer)), [sum(v) / len(v) for v in per_layer], label=_label(key))
+        _band(ax, range(len(per_layer)), [min(v) for v in per_layer], [max(v) for v in per_layer], line)
     ax.set_yscale("log")
-    ax.set_xlabel(f"layer (at {when})")
-    _legend(ax)
+    ax.set_xlabel(f"layer (at {when}; shaded: min to max over seeds)")
+    _legend(ax, keys)
     return None
 
 
 @PLOTS.register("bar")
 def plot_bar(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
-    """Mean and seed spread of the metric per setting."""
+    """The mean of the metric per setting, its 95% bootstrap interval over seeds as the error bar (none for one
+    seed)."""
     groups = group(rows, by)
-    stats = [mean_std([m.get(metric) for m in members]) for members in groups.values()]
-    ax.bar(range(len(stats)), [s[0] or 0 for s in stats], yerr=[s[1] or 0 for s in stats], capsize=3)
-    ax.set_xticks(range(len(stats)), [_label(dict(zip(by, k)), by) for k in groups], rotation=30, ha="right",
-                  fontsize=7)
-    return findings(rows, by, metric)
+    estimates = [stats.estimate([_value(m, metric) for m in members]) for members in groups.values()]
+    means = [e.mean if e else 0 for e in estimates]
+    below = [e.mean - e.low if e and e.has_interval else 0 for e in estimates]
+    above = [e.high - e.mean if e and e.has_interval else 0 for e in estimates]
+    ax.bar(range(len(means)), means, yerr=[below, above], capsize=3)
+    ax.set_xticks(range(len(means)), [_label(k) for k in groups], rotation=30, ha="right", fontsize=7)
+    ax.set_xlabel(f"{', '.join(map(_short, by))} (bars: 95% CI over seeds)")
+    return None
 
 
 @PLOTS.register("tradeoff")
@@ -182,14 +253,14 @@ def plot_tradeoff(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) 
     for key, members in group(rows, by).items():
         (mx, sx, nx), (my, sy, ny) = (mean_std([_value(m, name) for m in members]) for name in (x, metric))
         if mx is not None and my is not None:
-            points.append((_label(dict(zip(by, key)), by), mx, sx, my, sy, min(nx, ny)))
-    for label, mx, sx, my, sy, _ in points:
+            points.append((_name(by, key), mx, sx, my, sy, min(nx, ny), _label(key)))
+    for _, mx, sx, my, sy, _, label in points:
         ax.errorbar(mx, my, xerr=sx, yerr=sy, marker="o", capsize=3, label=label)
     xs = [p[1] for p in points]
     if xs and min(xs) > 0 and max(xs) > 10 * min(xs):  # bytes and speeds span orders of magnitude
         ax.set_xscale("log")
-    ax.set_xlabel(f"{x} ({'higher' if _higher(x) else 'lower'} is cheaper)")
-    _legend(ax)
+    ax.set_xlabel(f"{x} ({'higher' if _higher(x) else 'lower'} is cheaper; bars: sd over seeds)")
+    _legend(ax, by)
     if len(points) < 2:
         return None
 
@@ -205,8 +276,7 @@ def plot_tradeoff(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) 
 
 def _higher(name: str) -> bool:
     """Whether more is better: quality scores and speeds; losses, bytes and times are better lower."""
-    name = name.split(".")[-1]
-    return name in HIGHER_IS_BETTER or name.endswith("_per_s")
+    return _direction(name) is True
 
 
 def _value(row: dict, name: str):
@@ -225,9 +295,11 @@ def _results(run: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _legend(ax) -> None:
+def _legend(ax, keys: list[str]) -> None:
+    """Beside the axes, never over the data; titled with the keys the labels give the values of."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+                  title=", ".join(map(_short, keys)) or None, title_fontsize=7, frameon=False)
 
 
 def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
@@ -239,8 +311,7 @@ def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     where = ", ".join(f"{k}={v}" for k, v in (spec.get("where") or {}).items())  # which runs a plot shows
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} ({kind.replace('_', ' ')}{', ' + where if where else ''})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # tight: the legend beside the axes stays in the image
     plt.close(fig)
     return f"{where}: {note}" if note and where else note
 
@@ -281,45 +352,103 @@ def _per_task(rows: list[dict], compare: list[str]) -> list[tuple[str, list[dict
     return [(f"task={t}: ", [r for r in rows if str(r.get("task")) == t], keys) for t in tasks]
 
 
+def _words(values: list) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def budget(done: list[dict], compare: list[str]) -> str:
+    """Steps, seeds and what no setting had tuned for it, read from the runs."""
+    planned = sorted({r["trainer.max_steps"] for r in done if r.get("trainer.max_steps") is not None})
+    short = [r for r in done if r.get("steps") is not None and planned and r["steps"] < max(planned)]
+    steps = f"{'/'.join(map(str, planned))} training steps per run" if planned else "training steps not recorded"
+    if short:
+        steps += f" ({len(short)} of {len(done)} runs stopped early, at {min(r['steps'] for r in short)} steps or more)"
+    settings = group(done, compare)
+    counts = Counter(len(members) for members in settings.values())
+    seeds = sorted({r.get("seed") for r in done if r.get("seed") is not None}, key=_order)
+    per = (f"{min(counts)} seed{'s' if min(counts) > 1 else ''}" if len(counts) == 1 else
+           f"{min(counts)} to {max(counts)} seeds")
+    seeds_text = f"{per} per setting ({len(settings)} settings{'; seeds ' + _words(seeds) if seeds else ''})"
+    swept = set(_swept(done)) | set(compare)
+    fixed = []
+    for knob in FIXED:
+        values = {r.get(knob) for r in done}
+        if knob not in swept and len(values) == 1 and None not in values:
+            fixed.append(f"{knob}={values.pop()}")
+    untuned = (f"; one value for every setting, not tuned per setting: {', '.join(fixed)}" if fixed else "")
+    return f"<p><b>Budget.</b> {steps}; {seeds_text}{html.escape(untuned)}.</p>"
+
+
+def _table(header: list[str], body: list[list[str]], cls: str) -> str:
+    return (f"<div class='wide'><table class='{cls}'><thead><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
+            + "</tbody></table></div>")
+
+
+def _finding_html(finding: Finding) -> str:
+    details = ("<ul>" + "".join(f"<li>{html.escape(d)}</li>" for d in finding.details) + "</ul>"
+               if finding.details else "")
+    return f"<li>{html.escape(finding.text)}{details}</li>"
+
+
 def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
     done = [r for r in rows if r["status"] in ("completed", "diverged")]
     failed = [r for r in rows if r["status"] == "failed"]
     invalid = [r for r in rows if r["status"] == "invalid"]
     compare = spec.get("compare", [])
     length_table = length_gen.table_spec(spec.get("length_table"))  # a bad spec fails before anything is drawn
+    metrics = metrics_spec(spec.get("metrics"), done)
+    threshold = (length_table or length_gen.DEFAULTS)["threshold"]
     parts = [f"<section id='{html.escape(name)}'><h2>{html.escape(name)}</h2>",
              f"<p class='question'><b>Question.</b> {html.escape(spec.get('question', ''))}</p>"]
     swept = "; ".join(f"{k} ∈ {{{', '.join(v)}}}" for k, v in _swept(done).items())
     task = sorted({str(r.get("task.name")) for r in done})
-    steps = sorted({str(r.get("trainer.max_steps")) for r in done})
     parts.append(f"<p><b>Setup.</b> {len(rows)} runs ({len(done)} finished, {len(failed)} failed, "
                  f"{len(invalid)} invalid configurations not run); task "
-                 f"{', '.join(task)}; {', '.join(steps)} training steps; swept: {html.escape(swept) or '–'}.</p>")
+                 f"{', '.join(task)}; swept: {html.escape(swept) or '–'}.</p>")
     if done:
-        header, body = table(done, compare)
-        parts.append("<div class='wide'><table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>")
-        parts += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body]
-        parts.append("</tbody></table></div>")
+        parts.append(budget(done, compare))
+        figures, notes = [], []
+        for i, spec_plot in enumerate(spec.get("plots", [])):
+            path = out / f"{name}_{i}_{spec_plot['metric']}.png"
+            notes.append(plot(done, spec_plot, path))
+            data = base64.b64encode(path.read_bytes()).decode()
+            figures.append(f"<figure><img alt='{html.escape(path.stem)}' src='data:image/png;base64,{data}'>"
+                           f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
+        parts.append(f"<p><b>Results</b> on the study's metrics ({html.escape(', '.join(metrics))}): the mean over "
+                     "each setting's seeds and its 95% bootstrap confidence interval (scipy.stats.bootstrap, "
+                     "percentile, each setting resampled on its own). With 2-3 seeds the interval spans about the "
+                     "seeds' range: it shows how far the seeds fell apart, not where more seeds would settle.</p>")
+        parts.append(_table(*tables.metrics_table(group(done, compare), compare, metrics, _value), "metrics"))
+        shown = []
+        for prefix, subset, keys in _per_task(done, compare):
+            for metric in metrics:
+                shown += [Finding(prefix + f.text, f.details) for f in findings(subset, keys, metric)]
+            shown += [Finding(prefix + n) for n in length_gen.degenerate_notes(subset, threshold=threshold)]
+        shown += [Finding(n) for n in dict.fromkeys(notes) if n]
+        if any(r["diverged"] for r in done):
+            shown.append(Finding(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged."))
+        parts.append("<p><b>What the numbers show.</b> P(best better): the fraction of (seed, seed) pairs in which "
+                     "the best setting's seed beats the other's, ties counting half. A winner is named only where "
+                     "the 95% intervals do not overlap.</p><ul>" + "".join(map(_finding_html, shown)) + "</ul>")
+        parts.append("<p><b>Summary</b> in the layout of Narang et al. 2021: costs, the training loss early on "
+                     "(the mean over the steps logged around that point), the final validation loss and exact "
+                     "match (mean [95% CI] over seeds). FLOPs: one forward pass per input token, as counted by "
+                     "torch on a training batch.</p>")
+        header, body, missing = tables.summary_table(group(done, compare), compare)
+        parts.append(_table(header, body, "summary"))
+        if missing:
+            parts.append(f"<p>Not recorded by these runs, so not shown: {html.escape(', '.join(missing))} (runs "
+                         "whose results.json predates train_loss_curve and costs.forward_flops_per_token, or a task "
+                         "without exact match).</p>")
         if length_table:
             keys = length_table.get("by", compare)  # by: [] is one row of all runs
             parts.append(length_gen.section_html(group(done, keys), keys, length_table))
-        notes = []
-        for i, spec_plot in enumerate(spec.get("plots", [])):
-            path = out / f"{name}_{i}_{spec_plot['metric']}.png"
-            note = plot(done, spec_plot, path)
-            notes.append(note)
-            data = base64.b64encode(path.read_bytes()).decode()
-            parts.append(f"<figure><img alt='{html.escape(path.stem)}' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
-        metric = "final_val_loss" if "final_val_loss" in header else header[len(compare) + 1]
         for prefix, subset, keys in _per_task(done, compare):
-            note = findings(subset, keys, metric)
-            notes.append(prefix + note if note else None)
-        shown = [n for n in dict.fromkeys(notes) if n]
-        if any(r["diverged"] for r in done):
-            shown.append(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged.")
-        parts.append("<p><b>What the numbers show.</b></p><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in shown)
-                     + "</ul>")
+            reach = length_gen.reach_html(group(subset, keys), keys, threshold=threshold)
+            parts.append(reach.replace("<p><b>", f"<p><b>{html.escape(prefix)}", 1) if reach else "")
+        parts += figures
     for title, runs in (("Failed runs", failed), ("Invalid configurations (not run)", invalid)):
         if runs:
             parts.append(f"<p><b>{title}.</b></p><ul>" + "".join(
@@ -336,13 +465,14 @@ th{background:#f3f3f3}figure{margin:1em 0}img{max-width:100%}.question{font-size
 
 def build_report(root: Path, rows: list[dict], specs: dict[str, dict]) -> Path:
     out = root / "report"
-    for spec in specs.values():  # every study's table spec is checked before any file is written
-        length_gen.table_spec(spec.get("length_table"))
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out / "summary.csv")
     by_study = defaultdict(list)
     for row in rows:
         by_study[row.get("study") or "runs"].append(row)
+    for name, spec in specs.items():  # every study's specs are checked before any file is written
+        length_gen.table_spec(spec.get("length_table"))
+        metrics_spec(spec.get("metrics"), by_study.get(name, []))
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out / "summary.csv")
     sections = [section(name, specs.get(name, {}), members, out) for name, members in sorted(by_study.items())]
     toc = "".join(f"<li><a href='#{html.escape(n)}'>{html.escape(n)}</a></li>" for n in sorted(by_study))
     if any(spec.get("bench") == "attention" for spec in specs.values()):  # a study that weighs quality against cost
@@ -352,7 +482,9 @@ def build_report(root: Path, rows: list[dict], specs: dict[str, dict]) -> Path:
         toc += "<li><a href='#attention_costs'>attention costs</a></li>"
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>BlockLab report: {html.escape(root.name)}</title>"
             f"<style>{STYLE}</style></head><body><h1>BlockLab report: {html.escape(root.name)}</h1>"
-            f"<p>{len(rows)} runs from <code>{html.escape(str(root))}</code>. Values are mean ± std over seeds.</p>"
+            f"<p>{len(rows)} runs from <code>{html.escape(str(root))}</code>. Tables give the mean over seeds with "
+            "its 95% bootstrap confidence interval (or ± the standard deviation where marked); every column of "
+            "every run is in summary.csv.</p>"
             f"<ul>{toc}</ul>{''.join(sections)}</body></html>")
     (out / "index.html").write_text(page, encoding="utf-8")
     return out / "index.html"

@@ -1,5 +1,6 @@
 """Read every run of a sweep (or of a folder of sweeps) into flat rows."""
 import json
+from itertools import pairwise
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -9,7 +10,14 @@ from blocklab.results import RESULTS_FILE, flatten, swept_overrides
 HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "tokens_per_s",
                     "decode_tokens_per_s"}
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
-                   "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token"}
+                   "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token", "early_loss",
+                   "flops_per_token"}
+# The metric columns a run's row carries (what study.metrics may name, besides a results.json field by dotted path).
+METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in", "exact_match_out", "loss_out",
+           "params", "flops_per_token", "tokens_per_s", "ms_per_step", "diverged", "steps_to_target_loss",
+           "kv_cache_bytes_per_token", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
+           "relative_residual_last")
+EARLY = 0.25  # the early loss is read at this fraction of the planned training steps (Narang et al. 2021)
 
 
 def _mean(values):
@@ -34,6 +42,19 @@ def _layers(diag: dict | None, when: str) -> dict[str, list]:
     return series
 
 
+def early_loss(curve: list | None, planned_steps: int | None, fraction: float = EARLY) -> float | None:
+    """The training loss at `fraction` of the planned steps, from results.json's train_loss_curve ([step, mean
+    training loss since the previous point]): the point nearest that step, None where the run records no curve
+    (results.json before it existed) or stopped (diverged) before it."""
+    points = [(step, loss) for step, loss in curve or [] if loss is not None]
+    if not points or not planned_steps:
+        return None
+    target = fraction * planned_steps
+    step, loss = min(points, key=lambda p: abs(p[0] - target))
+    spacing = max(b[0] - a[0] for a, b in pairwise(points)) if len(points) > 1 else points[0][0]
+    return loss if abs(step - target) <= spacing else None
+
+
 def load_run(run_dir: Path) -> dict:
     results = json.loads((run_dir / RESULTS_FILE).read_text())
     config_path = run_dir / ".hydra" / "config.yaml"
@@ -55,7 +76,9 @@ def load_run(run_dir: Path) -> dict:
     decode = results.get("decode", {})
     row.update({
         "final_val_loss": results["final_val_loss"], "final_train_loss": results["final_train_loss"],
-        "params": results["params"], "tokens_per_s": results["tokens_per_s"],
+        "params": results["params"], "tokens_per_s": results["tokens_per_s"], "steps": results["steps"],
+        "flops_per_token": (results.get("costs") or {}).get("forward_flops_per_token"),
+        "early_loss": early_loss(results.get("train_loss_curve"), row.get("trainer.max_steps") or results["steps"]),
         "ms_per_step": results.get("ms_per_step"), "diverged": float(results["status"] == "diverged"),
         "steps_to_target_loss": results.get("steps_to_target_loss"),
         "exact_match_in": _mean([r["exact_match"] for r in inside]),
@@ -69,6 +92,8 @@ def load_run(run_dir: Path) -> dict:
     })
     row["head_similarity"] = _mean(row["layers_end"].get("head_similarity", []))
     row["ffn_sparsity"] = _mean(row["layers_end"].get("ffn_sparsity", []))
+    # How far the last layer's output is from rank one at the end (rank collapse drives it to 0).
+    row["relative_residual_last"] = (row["layers_end"].get("relative_residual") or [None])[-1]
     return row
 
 

@@ -10,6 +10,10 @@ seeds and not others), so everything here is per setting *over its seeds*:
   mean over seeds reaches the threshold, and how many seeds reach it at `at` x their longest training length
   (results.json's `train_lengths`; a length that was not evaluated is said to be, never interpolated).
 
+- `reach_html`: for every sweep whose runs score exact match per length, the fraction of seeds reaching the
+  threshold at each evaluated length; `degenerate_notes`: the sentences for the cases where there is nothing to
+  compare ("no setting generalizes beyond the training length").
+
 No plotting library and no report module is imported here: build.py groups the runs and owns the axes."""
 import difflib
 import html
@@ -105,9 +109,11 @@ def curve(members: list[dict], metric: str) -> Curve:
                  [len(s) for s in scores])
 
 
-def draw(ax, curves: list[tuple[str, Curve]], train_max: list[int], metric: str) -> str:
+def draw(ax, curves: list[tuple[str, Curve]], train_max: list[int], metric: str,
+         names: list[str] | None = None) -> str:
     """One line per setting at the seed means, its seed range (min to max) shaded in the line's colour, a
-    dashed vertical line at each longest training length. Returns a sentence on the widest seed range."""
+    dashed vertical line at each longest training length. Returns a sentence on the widest seed range, naming
+    settings by `names` (default: their labels)."""
     for label, c in curves:
         (line,) = ax.plot(c.lengths, c.mean, marker="o", label=label)
         ax.fill_between(c.lengths, c.low, c.high, color=line.get_color(), alpha=0.2, linewidth=0)
@@ -118,11 +124,14 @@ def draw(ax, curves: list[tuple[str, Curve]], train_max: list[int], metric: str)
         return (f"{metric}: one seed per setting, so no seed range to shade; single seeds mislead on length "
                 "generalization (add seeds).")
     beyond = max(train_max) if train_max else -math.inf
+    named = zip(names or [label for label, _ in curves], (c for _, c in curves))
     spreads = [(c.high[i] - c.low[i], label, c.lengths[i], c.low[i], c.high[i], c.seeds[i])
-               for label, c in curves for i in range(len(c.lengths)) if c.lengths[i] > beyond and c.seeds[i] > 1]
+               for label, c in named for i in range(len(c.lengths)) if c.lengths[i] > beyond and c.seeds[i] > 1]
     text = f"{metric}: mean over seeds per setting, shaded from the lowest to the highest seed"
     if not spreads:
         return text + "."
+    if max(s[0] for s in spreads) == 0:
+        return text + "; beyond the trained lengths every setting's seeds score the same."
     _, label, length, low, high, n = max(spreads, key=lambda s: s[0])
     return (f"{text}; the widest seed range beyond the trained lengths: {label} at length {length} "
             f"({low:.2f} to {high:.2f} over {n} seeds).")
@@ -211,3 +220,55 @@ def section_html(groups: dict[tuple, list[dict]], keys: list[str], spec: dict) -
              + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
              + "</tbody></table></div>")
     return intro + table
+
+
+def reached(members: list[dict], metric: str, threshold: float) -> dict[int, tuple[int, int]]:
+    """Per evaluated length: (seeds scoring >= threshold there, seeds that evaluated it)."""
+    counts = defaultdict(lambda: [0, 0])
+    for run in members:
+        for entry in run.get("eval") or []:
+            score = _score(entry, metric)
+            if score is not None:
+                counts[entry["length"]][0] += score >= threshold
+                counts[entry["length"]][1] += 1
+    return {n: tuple(c) for n, c in sorted(counts.items())}
+
+
+def reach_html(groups: dict[tuple, list[dict]], keys: list[str], metric: str = "exact_match",
+               threshold: float = DEFAULTS["threshold"]) -> str:
+    """The table of seeds reaching `threshold` at each length (k/n), one row per setting; "" when no run scores
+    `metric` per length (an LM)."""
+    per_group = {key: reached(members, metric, threshold) for key, members in groups.items()}
+    lengths = sorted({n for counts in per_group.values() for n in counts})
+    if not lengths:
+        return ""
+    trained = sorted({run["train_max_length"] for members in groups.values() for run in members
+                      if run.get("train_max_length") is not None})
+    head = [*keys, *(str(n) for n in lengths)]
+    body = [[str(v) for v in key] + [f"{counts[n][0]}/{counts[n][1]}" if n in counts else "–" for n in lengths]
+            for key, counts in per_group.items()]
+    intro = (f"<p><b>Seeds reaching {metric} ≥ {threshold:g}</b> at each evaluated length (k of n seeds; trained up "
+             f"to length {', '.join(map(str, trained)) or '?'}: the columns beyond it are extrapolation).</p>")
+    return intro + ("<div class='wide'><table class='reach'><thead><tr>"
+                    + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead><tbody>"
+                    + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
+                    + "</tbody></table></div>")
+
+
+def degenerate_notes(runs: list[dict], metric: str = "exact_match",
+                     threshold: float = DEFAULTS["threshold"]) -> list[str]:
+    """Sentences for what no run achieved: learning the trained lengths, or any length beyond them."""
+    scores = {True: [], False: []}
+    for run in runs:
+        for entry in run.get("eval") or []:
+            score = _score(entry, metric)
+            if score is not None:
+                scores[bool(entry.get("in_distribution"))].append(score)
+    notes = []
+    if scores[True] and max(scores[True]) < threshold:
+        notes.append(f"no setting learns the task on its training lengths: no seed reaches {metric} ≥ {threshold:g} "
+                     f"at a trained length (the best single score: {max(scores[True]):.2f}).")
+    if scores[False] and max(scores[False]) < threshold:
+        notes.append(f"no setting generalizes beyond the training length: no seed reaches {metric} ≥ {threshold:g} "
+                     f"at any length beyond it (the best single score there: {max(scores[False]):.2f}).")
+    return notes

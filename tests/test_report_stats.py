@@ -1,0 +1,299 @@
+"""Statistics a reader can trust: bootstrap intervals over seeds, the probability of improvement, a winner named
+only where the intervals are apart, degenerate cases as sentences, the study's own metrics in the table (all
+columns in the CSV), the Narang et al. 2021 summary, budgets read from the runs, and what results.json records
+for them (the training-loss curve, forward FLOPs per token)."""
+import base64
+import csv
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from blocklab.errors import ConfigError
+from blocklab.report import stats
+from blocklab.report.build import build_report, findings, metrics_spec, section
+from blocklab.report.collect import METRICS, collect, early_loss, study_specs
+from blocklab.schema import schema_errors
+from conftest import CONF, FAST, compose_config, run_in_process
+
+# ---------------------------------------------------------------------------------------------- the statistics
+
+
+def test_the_interval_contains_the_mean_and_shrinks_with_more_seeds():
+    """The same three values, seen k times over: the mean and spread stay, the mean's interval narrows about as
+    1/sqrt(n) (normal approximation at 100 seeds: mean ± 1.96 sd / sqrt(n))."""
+    widths = []
+    for k in (1, 4, 33):
+        values = [0.4, 0.5, 0.6] * k
+        e = stats.estimate(values)
+        assert e.n == 3 * k and e.mean == pytest.approx(0.5) and e.sd == pytest.approx(np.std(values, ddof=1))
+        assert e.low < e.mean < e.high
+        widths.append(e.high - e.low)
+    assert widths[0] > widths[1] > widths[2]
+    assert widths[2] == pytest.approx(2 * 1.96 * np.std([0.4, 0.5, 0.6]) / np.sqrt(99), rel=0.1)
+    rng = np.random.default_rng(1)  # and for seeds drawn at random: the interval holds the mean
+    for n in (3, 10, 100):
+        e = stats.estimate(list(rng.normal(0.5, 0.1, n)))
+        assert e.low < e.mean < e.high
+
+
+def test_degenerate_groups_have_the_obvious_interval():
+    assert stats.estimate([0.0, 0.0, 0.0]) == stats.Estimate((0.0, 0.0, 0.0), 0.0, 0.0, 0.0, 0.0)
+    one = stats.estimate([0.7])
+    assert one.mean == 0.7 and not one.has_interval and stats.interval(one) == "– (1 seed)"
+    assert stats.estimate([None, float("nan")]) is None  # a diverged run has no loss to average
+    assert stats.estimate([1.0, None, 3.0]).values == (1.0, 3.0)
+
+
+def test_probability_of_improvement_counts_seed_pairs():
+    assert stats.prob_improvement([0.9, 0.8, 0.95], [0.1, 0.2, 0.3]) == 1.0  # every A seed beats every B seed
+    assert stats.prob_improvement([0.1, 0.2, 0.3], [0.9, 0.8, 0.95]) == 0.0
+    assert stats.prob_improvement([0.1, 0.5, 0.9], [0.1, 0.5, 0.9]) == 0.5  # identical groups
+    assert stats.prob_improvement([1.0, 1.0], [1.0, 1.0]) == 0.5  # all ties count a half
+    # 2 of the 4 pairs won (3>2, 3>1), one tie (1=1) and one lost (1<2): (2 + 0.5) / 4.
+    assert stats.prob_improvement([3, 1], [2, 1]) == 0.625
+    # A loss: lower is better, so the lower group improves on the higher one.
+    assert stats.prob_improvement([0.1, 0.2], [0.5, 0.6], higher_is_better=False) == 1.0
+
+
+def test_a_winner_is_named_only_when_the_intervals_are_apart():
+    apart = stats.estimate([0.90, 0.92, 0.94]), stats.estimate([0.50, 0.52, 0.54])
+    close = stats.estimate([0.90, 0.50, 0.70]), stats.estimate([0.60, 0.80, 0.75])
+    assert not stats.overlap(*apart) and stats.verdict(*apart) == "better"
+    assert stats.overlap(*close) and stats.verdict(*close) == "not distinguishable at 3 seeds"
+    assert stats.verdict(stats.estimate([0.9, 0.9]), stats.estimate([0.1])) == "not distinguishable at 2 and 1 seeds"
+
+
+def row(setting, seed, **metrics) -> dict:
+    return {"run": f"/sweep/{setting}-{seed}", "status": "completed", "setting": setting, "seed": seed,
+            "diverged": 0.0, **metrics}
+
+
+def test_findings_name_a_winner_or_say_not_distinguishable():
+    rows = [row("a", s, exact_match_in=v) for s, v in enumerate((0.90, 0.92, 0.94))]
+    rows += [row("b", s, exact_match_in=v) for s, v in enumerate((0.50, 0.52, 0.54))]
+    rows += [row("c", s, exact_match_in=v) for s, v in enumerate((0.91, 0.80, 0.93))]
+    (apart,) = findings([r for r in rows if r["setting"] != "c"], ["setting"], "exact_match_in")
+    assert apart.text.startswith("exact_match_in (higher is better): setting=a is best, 0.920 [0.900, 0.940]")
+    assert "not distinguishable" not in apart.text
+    assert apart.details == ["setting=b: 0.520 [0.500, 0.540]; P(best better) = 1.00; the best is better "
+                             "(intervals apart)."]
+    (mixed,) = findings(rows, ["setting"], "exact_match_in")
+    assert "better than 1 of 2 other settings (intervals apart), not distinguishable from the rest at 3 seeds" \
+        in mixed.text
+    # c's seeds beat a's in 3 of 9 pairs (0.91 > 0.90, 0.93 > 0.90, 0.93 > 0.92): P(a better) = 6/9.
+    assert mixed.details[0] == "setting=c: 0.880 [0.800, 0.930]; P(best better) = 0.67; not distinguishable at 3 seeds."
+    (close,) = findings([r for r in rows if r["setting"] != "b"], ["setting"], "exact_match_in")
+    assert close.text.startswith("exact_match_in (higher is better): not distinguishable at 3 seeds: the best mean, "
+                                 "setting=a 0.920 [0.900, 0.940], overlaps every other setting's 95% interval")
+    assert "is best" not in close.text
+
+
+def test_a_loss_is_better_lower_and_a_diagnostic_has_no_winner_word():
+    rows = [row("a", s, final_val_loss=v, head_similarity=v) for s, v in enumerate((0.1, 0.11, 0.12))]
+    rows += [row("b", s, final_val_loss=v, head_similarity=v) for s, v in enumerate((0.5, 0.51, 0.52))]
+    assert findings(rows, ["setting"], "final_val_loss")[0].text.startswith(
+        "final_val_loss (lower is better): setting=a is best, 0.110")
+    similarity = findings(rows, ["setting"], "head_similarity")[0]
+    assert similarity.text.startswith("head_similarity (no better direction): setting=b is highest, 0.510")
+    assert similarity.details[0].endswith("P(highest higher) = 1.00; the highest is higher (intervals apart).")
+
+
+def test_degenerate_metrics_read_as_sentences():
+    rows = [row(k, s, exact_match_out=0.0, exact_match_in=v) for k, v in (("a", 0.5), ("b", 0.7)) for s in (0, 1)]
+    (zero,) = findings(rows, ["setting"], "exact_match_out")
+    assert zero.text == "every setting scores 0 on exact_match_out (4 runs): it does not tell the settings apart."
+    single = [row(k, 0, exact_match_in=v) for k, v in (("a", 0.5), ("b", 0.7))]
+    (one,) = findings(single, ["setting"], "exact_match_in")
+    assert "one run each, so the seed spread is unknown and no winner is named" in one.text
+    assert findings(rows, ["setting"], "tokens_per_s") == []  # a metric no run records says nothing
+
+
+# ------------------------------------------------------------------------------------- study.metrics, checked
+
+def test_study_metrics_are_checked_by_the_schema_and_by_the_report():
+    config = {"seed": 0, "study": {"name": "s", "metrics": "exact_match_in"}}
+    assert ("study.metrics='exact_match_in' must be a non-empty list of result columns, e.g. [exact_match_in, "
+            "final_val_loss]") in schema_errors_top(config)
+    assert not any("study" in e for e in schema_errors_top({"seed": 0, "study": {"metrics": ["exact_match_in"]}}))
+    assert not any("study" in e for e in schema_errors_top({"seed": 0, "study": None}))
+    assert metrics_spec(["exact_match_in", "costs.decode_state_bytes"]) == ["exact_match_in", "costs.decode_state_bytes"]
+    with pytest.raises(ConfigError, match=r"study.metrics: 'exact_match_inn' is not a report column; did you mean "
+                                          r"exact_match_in\?"):
+        metrics_spec(["exact_match_inn"])
+    # No study.metrics: the losses and exact match the runs record.
+    assert metrics_spec(None, [{"final_val_loss": 1.0, "exact_match_in": None}]) == ["final_val_loss"]
+
+
+def schema_errors_top(top: dict) -> list[str]:
+    """The schema's lines for the top-level keys (the groups composed from the defaults)."""
+    config = OmegaConf.to_container(compose_config([]), resolve=True)
+    return schema_errors({**config, **top})
+
+
+def test_every_sweep_names_metrics_the_report_has():
+    for path in sorted((CONF / "sweep").glob("*.yaml")):
+        study = OmegaConf.load(path).get("study") or {}
+        if "metrics" not in study:
+            continue
+        assert metrics_spec(list(study["metrics"])), path.name
+        assert all(m in METRICS or "." in m for m in study["metrics"]), path.name
+
+
+# ------------------------------------------------------------------------- a fabricated sweep, built end to end
+
+STUDY = {"name": "fmt", "question": "Does reversing the answer make addition learnable?",
+         "compare": ["task.reverse_answer"], "metrics": ["exact_match_in", "exact_match_out"],
+         "plots": [{"kind": "by_length", "metric": "exact_match", "by": "task.reverse_answer"},
+                   {"kind": "bar", "metric": "exact_match_in", "by": ["task.reverse_answer"]}]}
+# reverse_answer -> in-distribution exact match per seed (lengths 1-3; 4-6 all score 0)
+SCORES = {True: (0.95, 0.97, 0.99), False: (0.40, 0.45, 0.50)}
+
+
+def fabricate(root, study=STUDY, scores=SCORES, curve=True):
+    for reverse, per_seed in scores.items():
+        for seed, em in enumerate(per_seed):
+            run_dir = root / f"task.reverse_answer={reverse},seed={seed}"
+            (run_dir / ".hydra").mkdir(parents=True)
+            config = {"study": study, "seed": seed, "task": {"name": "addition", "reverse_answer": reverse},
+                      "trainer": {"max_steps": 100}, "optim": {"lr": 0.001, "warmup_steps": 10},
+                      "model": {"d_model": 64}}
+            OmegaConf.save(OmegaConf.create(config), run_dir / ".hydra" / "config.yaml")
+            results = {
+                "status": "completed", "task": "addition", "study": study["name"], "choices": {"seed": seed},
+                "params": 5000, "steps": 100, "train_time_s": 1.0, "tokens_per_s": 1000.0 + 100 * seed,
+                "final_train_loss": 0.1, "final_val_loss": 1 - em, "diverged_at_step": None, "train_lengths": [1, 3],
+                "overrides": [f"task.reverse_answer={reverse}", f"seed={seed}"],
+                "eval": [{"length": n, "in_distribution": n <= 3, "exact_match": em if n <= 3 else 0.0,
+                          "token_acc": em, "loss": 1 - em, "n": 64} for n in range(1, 7)],
+                "decode": {"kv_cache_bytes_per_token": 1024, "tokens_per_s": 500.0},
+                "costs": {"forward_flops_per_token": 12000.0, "decode_state_bytes": 2048},
+            }
+            if curve:  # a point every 5 steps; the early loss (25% of 100 steps) is step 25's: 2 + seed
+                results["train_loss_curve"] = [[step, 2.0 + seed if step == 25 else 3.0] for step in range(5, 101, 5)]
+            (run_dir / "results.json").write_text(json.dumps(results))
+    return collect(root)
+
+
+def cells_of(page: str, cls: str) -> tuple[list[str], list[list[str]]]:
+    body = re.search(rf"<table class='{cls}'>(.*?)</table>", page, re.DOTALL).group(1)
+    header = re.findall(r"<th>(.*?)</th>", body)
+    rows = [re.findall(r"<td>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", body)]
+    return header, [r for r in rows if r]
+
+
+def test_the_report_tables_show_the_study_metrics_with_intervals_and_the_csv_keeps_everything(tmp_path):
+    root = tmp_path / "fmt"
+    rows = fabricate(root)
+    page = build_report(root, rows, study_specs(root, rows)).read_text()
+    header, body = cells_of(page, "metrics")
+    assert header == ["task.reverse_answer", "seeds", "exact_match_in (mean)", "exact_match_in 95% CI",
+                      "exact_match_out (mean)", "exact_match_out 95% CI"]
+    assert body[0][:4] == ["False", "3", "0.450", "[0.400, 0.500]"]
+    assert body[1][:4] == ["True", "3", "0.970", "[0.950, 0.990]"]
+    assert body[1][4:] == ["0.000", "[0.000, 0.000]"]
+    for other in ("kv_cache_bytes_per_token", "head_similarity", "final_train_loss", "decode_tokens_per_s"):
+        assert other not in header
+    with open(root / "report" / "summary.csv") as f:
+        columns = next(csv.reader(f))
+    assert {"kv_cache_bytes_per_token", "decode_tokens_per_s", "final_train_loss", "exact_match_in", "early_loss",
+            "flops_per_token", "tokens_per_s", "params", "steps"} <= set(columns)
+    # The findings answer with the study's metrics: the winner on exact_match_in, the all-zero sentence.
+    assert "exact_match_in (higher is better): reverse_answer=True is best, 0.970 [0.950, 0.990]" in page
+    assert "every setting scores 0 on exact_match_out (6 runs)" in page
+    assert "no setting generalizes beyond the training length: no seed reaches exact_match ≥ 0.9" in page
+    assert "final_val_loss" not in re.search(r"What the numbers show.*?</ul>", page, re.DOTALL).group(0)
+
+
+def test_the_summary_has_the_narang_layout_with_hand_computed_cells(tmp_path):
+    root = tmp_path / "fmt"
+    rows = fabricate(root)
+    header, body = cells_of(section("fmt", STUDY, rows, tmp_path), "summary")
+    assert header == ["task.reverse_answer", "seeds", "params", "FLOPs/token (forward)", "tokens/s (training)",
+                      "early train loss (25% of steps, mean ± sd)", "final val loss [95% CI]",
+                      "exact match in distribution [95% CI]", "exact match beyond training [95% CI]"]
+    # tokens/s 1000, 1100, 1200: mean 1100, sd 100; early loss 2, 3, 4: mean 3, sd 1; val loss 1 - exact match.
+    assert body[1] == ["True", "3", "5,000", "12,000", "1,100 ± 100", "3.000 ± 1.000", "0.030 [0.010, 0.050]",
+                       "0.970 [0.950, 0.990]", "0.000 [0.000, 0.000]"]
+    old = fabricate(tmp_path / "old", curve=False)  # runs from before train_loss_curve
+    page = section("fmt", STUDY, old, tmp_path)
+    assert "early train loss" not in cells_of(page, "summary")[0]
+    assert "Not recorded by these runs, so not shown: early train loss (25% of steps, mean ± sd)" in page
+
+
+def test_the_budget_is_read_from_the_runs(tmp_path):
+    page = section("fmt", STUDY, fabricate(tmp_path / "fmt"), tmp_path)
+    assert ("<b>Budget.</b> 100 training steps per run; 3 seeds per setting (2 settings; seeds 0, 1, 2); one value "
+            "for every setting, not tuned per setting: optim.lr=0.001, optim.warmup_steps=10, model.d_model=64.") in page
+
+
+def test_seeds_reaching_the_threshold_at_each_length(tmp_path):
+    scores = {True: (0.95, 0.85, 0.99), False: (0.40, 0.45, 0.50)}
+    page = section("fmt", STUDY, fabricate(tmp_path / "fmt", scores=scores), tmp_path)
+    header, body = cells_of(page, "reach")
+    assert header == ["task.reverse_answer", "1", "2", "3", "4", "5", "6"]
+    assert body == [["False", "0/3", "0/3", "0/3", "0/3", "0/3", "0/3"],
+                    ["True", "2/3", "2/3", "2/3", "0/3", "0/3", "0/3"]]
+
+
+def test_every_image_of_the_report_decodes(tmp_path):
+    root = tmp_path / "fmt"
+    rows = fabricate(root)
+    page = build_report(root, rows, study_specs(root, rows)).read_text()
+    images = re.findall(r"<img alt='[^']*' src='data:image/png;base64,([^']+)'>", page)
+    assert len(images) == len(STUDY["plots"]) == page.count("<img")
+    for data in images:
+        image = Image.open(io.BytesIO(base64.b64decode(data)))
+        image.load()
+        assert image.format == "PNG" and image.width > 300 and image.height > 200
+
+
+def test_a_bad_metric_name_fails_before_anything_is_written(tmp_path):
+    root = tmp_path / "fmt"
+    rows = fabricate(root, study={**STUDY, "metrics": ["exact_mach_in"]})
+    with pytest.raises(ConfigError, match="did you mean exact_match_in"):
+        build_report(root, rows, study_specs(root, rows))
+    assert not (root / "report").exists()
+
+
+# ------------------------------------------------------------------------------------ what results.json records
+
+def test_the_early_loss_is_the_curve_point_at_a_quarter_of_training():
+    curve = [[step, step / 100] for step in range(10, 101, 10)]
+    assert early_loss(curve, 100) == 0.2  # 25 is as near 20 as 30: the first of them
+    assert early_loss(curve, 200) == 0.5
+    assert early_loss([[10, 3.0], [20, None]], 100) is None  # stopped (diverged) long before step 25
+    assert early_loss(None, 100) is None
+
+
+def test_forward_flops_per_token_counts_the_matmuls_and_attention(run_dir):
+    """2 FLOPs per multiply-add of every linear layer (the head included) per token, plus QK^T and AV: 2 x 2 x T x
+    d_model per token per layer, over the full square (the causal mask is work the kernel still does)."""
+    import torch
+
+    from blocklab.model import build_model
+    from blocklab.train.costs import forward_flops_per_token
+    from blocklab.train.run import prepare
+
+    setup = prepare(compose_config(["attn=mha"], run_dir))
+    model = build_model(setup.model_cfg)
+    batch = next(iter(setup.task.train_batches()))
+    tokens = batch["input"].shape[1]
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    cfg = setup.model_cfg
+    assert forward_flops_per_token(model, batch) == 2 * linear + 4 * cfg.n_layers * tokens * cfg.d_model
+
+
+def test_a_run_records_its_training_loss_curve_and_flops(run_dir):
+    run_in_process([*FAST, "trainer.max_steps=40", "trainer.val_check_interval=40"], run_dir)
+    results = json.loads((run_dir / "results.json").read_text())
+    curve = results["train_loss_curve"]
+    assert [step for step, _ in curve] == list(range(2, 41, 2))  # 40 // 20 = a point every 2 steps
+    assert all(loss > 0 for _, loss in curve)
+    assert results["costs"]["forward_flops_per_token"] > 2 * results["params"] * 0.5
+    row = collect(run_dir.parent)[0]
+    assert row["early_loss"] == curve[4][1]  # step 10 = 25% of 40
