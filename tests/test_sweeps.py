@@ -176,7 +176,7 @@ def render_in_browser(index: Path) -> None:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page()
         page.goto(index.as_uri())
-        assert page.locator("table").count() >= 1 and page.locator("table tbody tr").count() == 2
+        assert page.locator("table").count() >= 1 and page.locator("table.metrics tbody tr").count() == 2
         images = page.locator("img")
         assert images.count() >= 2
         assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 100)")
