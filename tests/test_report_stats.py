@@ -297,3 +297,33 @@ def test_a_run_records_its_training_loss_curve_and_flops(run_dir):
     assert results["costs"]["forward_flops_per_token"] > 2 * results["params"] * 0.5
     row = collect(run_dir.parent)[0]
     assert row["early_loss"] == curve[4][1]  # step 10 = 25% of 40
+
+
+# ------------------------------------------------------------------------------------------------ the curves
+
+def test_curves_carry_seed_bands_short_labels_and_a_legend_beside_the_axes():
+    import matplotlib.pyplot as plt
+
+    from blocklab.report.build import PLOTS
+
+    rows = [{**row(task, seed, final_val_loss=base + heads / 10 + seed / 100), "task": task, "n_heads": heads,
+             "layers_end": {"activation_rms": [1.0 + seed, 2.0 + seed]}, "model.n_layers": 2}
+            for task, base in (("copy", 0.0), ("lm", 2.0)) for heads in (1, 2, 4) for seed in (0, 1, 2)]
+    fig, ax = plt.subplots()
+    PLOTS["by_choice"](ax, rows, {"x": "n_heads"}, "final_val_loss", ["task"])
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines) == ["copy", "lm"]  # the swept values; the legend's title names the key
+    assert list(lines["copy"].get_ydata()) == pytest.approx([0.11, 0.21, 0.41])
+    band = ax.collections[0].get_paths()[0].vertices  # seeds 0 and 2: the mean +- 0.01
+    assert {(float(x), round(float(y), 6)) for x, y in band} >= {(1.0, 0.1), (1.0, 0.12), (4.0, 0.4), (4.0, 0.42)}
+    legend = ax.get_legend()
+    assert legend.get_title().get_text() == "task"
+    fig.canvas.draw()
+    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # beside the data, never over it
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    PLOTS["by_layer"](ax, rows, {"when": "end"}, "activation_rms", ["task"])
+    assert [line.get_label() for line in ax.get_lines()] == ["copy, 2", "lm, 2"]
+    assert list(ax.get_lines()[0].get_ydata()) == [2.0, 3.0] and len(ax.collections) == 2
+    assert ax.get_legend().get_title().get_text() == "task, n_layers"
+    plt.close(fig)
