@@ -1,6 +1,8 @@
-"""The architectures (`model.arch`), a registry: decoder-only (default) and the original encoder-decoder."""
+"""The architectures (`model.arch`), a registry: decoder-only (default), the original encoder-decoder and
+encoder-only (BERT)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,6 +37,9 @@ class Transformer(nn.Module):
     """Decoder-only language model."""
 
     is_encoder_decoder = False
+    # Bidirectional over one stream: a masked-token task only (tasks check it: Task.masked).
+    is_encoder_only = False
+    generates = True  # continues a prompt token by token (generate, decoding speed)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -87,7 +92,8 @@ class Transformer(nn.Module):
         return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index)
 
     def _decode(self, idx, positions, valid, cache, need_weights, *cross, digit_index=None):
-        """The causal stack over idx; `cross` = (cross-attention context, encoder memory) if any."""
+        """The self-attention stack over idx (causal unless built bidirectional); `cross` = (cross-attention
+        context, encoder memory) if any."""
         ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal, self.pattern,
                                      need_weights)
         x = self.pos.embed(self.tok_emb(idx), ctx.positions)
@@ -141,6 +147,23 @@ class EncoderDecoder(Transformer):
                 cache.memory, cache.memory_valid = memory, source_valid
         cross_ctx = cross_attention_context(source_valid, self.pos, cache, need_weights)
         return self._decode(idx, positions, valid, cache, need_weights, cross_ctx, memory)
+
+
+@ARCHITECTURES.register("encoder")
+class Encoder(Transformer):
+    """Encoder-only (BERT: Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for
+    Language Understanding", NAACL): the decoder-only stack with every self-attention layer bidirectional,
+    so each position attends to every position of its sequence, later ones included, and the output head
+    gives a distribution over the vocabulary at every position (the masked-LM head, tied to the token
+    embeddings as in BERT; BERT's extra dense+LayerNorm transform before it is left out). It is built
+    with attn.causal=false whatever the config says, so the position scheme, the attention kind and the
+    pattern all take their non-causal form; it trains on a masked task (task=mlm) and does not generate."""
+
+    is_encoder_only = True
+    generates = False
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(dataclasses.replace(cfg, attn=dataclasses.replace(cfg.attn, causal=False)))
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

@@ -32,6 +32,8 @@ def placement_label(pos) -> str:
 
 def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8) -> dict:
     """How much the decoding state grows per token (each attention kind says) and cached greedy decoding speed."""
+    if not model.generates:  # an encoder-only model: nothing to decode
+        return {"kv_cache_bytes_per_token": None, "tokens_per_s": None}
     cfg = model.cfg
     bytes_per_token = model.cache_bytes_per_token()
     probe = task.probe_batch(batch)
