@@ -37,7 +37,8 @@ def config_errors(groups: dict) -> list[str]:
         if errors:
             return errors
         seq2seq, placement = is_seq2seq(groups["model"]["arch"]), Placement.from_pos(groups["pos"])
-        errors = _task_errors(_frozen(groups["task"]), seq2seq, placement)
+        encoder_only = ARCHITECTURES[groups["model"]["arch"]].is_encoder_only
+        errors = _task_errors(_frozen(groups["task"]), seq2seq, placement, encoder_only)
         if errors:
             return errors
         task = _task(_frozen(groups["task"]), groups["seed"], seq2seq, placement)
@@ -51,8 +52,8 @@ def _frozen(task: dict) -> str:
 
 
 @cache
-def _task_errors(task: str, seq2seq: bool, placement: Placement) -> list[str]:
-    return task_errors(json.loads(task), seq2seq, placement)
+def _task_errors(task: str, seq2seq: bool, placement: Placement, encoder_only: bool) -> list[str]:
+    return task_errors(json.loads(task), seq2seq, placement, encoder_only)
 
 
 @lru_cache(maxsize=8)

@@ -9,17 +9,27 @@ from blocklab.tasks.addition import AdditionTask
 from blocklab.tasks.lm import LMTask
 from blocklab.tasks.periodic import PeriodicTask
 from blocklab.tasks.keyed import KeyedTask
+from blocklab.tasks.mlm import MLMTask
 
-__all__ = ["TASKS", "Task", "CopyTask", "AdditionTask", "LMTask", "PeriodicTask", "KeyedTask", "build_task",
-           "task_errors"]
+__all__ = ["TASKS", "Task", "CopyTask", "AdditionTask", "LMTask", "PeriodicTask", "KeyedTask", "MLMTask",
+           "build_task", "task_errors"]
 
 
-def task_errors(cfg: dict, seq2seq: bool = False, placement: Placement = Placement()) -> list[str]:
+def task_errors(cfg: dict, seq2seq: bool = False, placement: Placement = Placement(),
+                encoder_only: bool | None = None) -> list[str]:
     """seq2seq: the model is an encoder-decoder, so the task must split into a source and a target.
-    placement: the pos group's shared settings, which only some tasks can honour."""
+    placement: the pos group's shared settings, which only some tasks can honour.
+    encoder_only: the model is a bidirectional encoder (model.arch=encoder), which only a masked task can train
+    (None: the model is not known here, as when a finished run's task is rebuilt)."""
     name = cfg.get("name")
     if name not in TASKS:
         return [TASKS.unknown(name)]
+    if encoder_only is not None and encoder_only != TASKS[name].masked:
+        masked = [n for n in TASKS if TASKS[n].masked]
+        return [f"task={name} predicts masked tokens from both sides, which needs a bidirectional encoder-only "
+                f"model: use model.arch=encoder" if TASKS[name].masked else
+                f"model.arch=encoder is bidirectional, so every position sees the token task={name} asks it to "
+                f"predict next; use a masked task ({', '.join(masked)}) or model.arch=decoder"]
     if placement != Placement() and not TASKS[name].places_tokens:
         placing = [n for n in TASKS if TASKS[n].places_tokens]
         return [f"pos.randomize, pos.coupled and pos.abacus need a task that builds its own examples "

@@ -17,6 +17,9 @@ class Task(ABC):
 
     # Examples split into a source and a target, so an encoder-decoder can learn the task.
     supports_seq2seq: bool = False
+    # Predicts masked tokens from both sides (masked LM): it needs a bidirectional encoder-only model, which
+    # in turn sees the very tokens any other task asks it to predict next.
+    masked: bool = False
     # Whether the task builds batches under a Placement (tasks/placement.py: randomized, coupled positions...).
     places_tokens: bool = False
     bos_id: int | None = None  # the token a decoder starts from, where the task has one

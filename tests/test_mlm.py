@@ -1,0 +1,279 @@
+"""Encoder-only models and masked LM (BERT, Devlin et al. 2019): the 15% / 80-10-10 masking recipe, loss and
+accuracy on the selected positions only, bidirectional attention, batches fixed per (seed, step), one-line
+errors, and a run end to end."""
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.stats import binomtest, chisquare
+from torch import nn
+
+from blocklab.errors import ConfigError
+from blocklab.experiment import Setup
+from blocklab.model import ModelConfig, build_model
+from blocklab.model.config import AttnConfig, PosConfig
+from blocklab.results import read_results
+from blocklab.tasks import build_task, task_errors
+from blocklab.tasks.base import IGNORE
+from blocklab.tasks.mlm import MASK, mask_tokens
+from blocklab.train.module import LitTransformer
+from conftest import compose_config, run_in_process
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = random.Random(0)
+    words = ["the cat", "a dog", "my friend", "the king", "sees", "eats", "likes", "the fish.", "a bone.", "bread."]
+    path = tmp_path_factory.mktemp("corpus") / "text.txt"
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(3)) for _ in range(2000)))
+    return path
+
+
+def task_cfg(corpus, cache, name="mlm", **over):
+    cfg = {"name": name, "data": {"path": str(corpus), "hub": None, "hub_config": None, "text_column": "text",
+                                  "val_fraction": 0.1, "encoding_errors": "strict"},
+           "tokenizer": {"type": "char", "vocab_size": None}, "block_size": 32, "batch_size": 16,
+           "eval_multipliers": [1, 2, 4], "eval_max_tokens": 4096, "cache_dir": str(cache)}
+    if name == "mlm":
+        cfg.update(mask_prob=0.15, mask_token_prob=0.8, random_token_prob=0.1, eval_seed=1234)
+    return {**cfg, **over}
+
+
+@pytest.fixture(scope="module")
+def tasks(corpus, tmp_path_factory):
+    """The MLM task and the LM task over the same corpus, whose windows the MLM task masks."""
+    cache = tmp_path_factory.mktemp("cache")
+    return build_task(task_cfg(corpus, cache), 0), build_task(task_cfg(corpus, cache, name="lm"), 0)
+
+
+# ------------------------------------------------------------------ the masking recipe
+
+
+def test_masking_proportions_over_many_samples():
+    """15% of each sequence selected; of those, 80% [MASK], 10% a random token, 10% unchanged (Devlin et al.)."""
+    vocab, mask_id, length = 50, 50, 40
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(vocab, (5000, length), generator=generator)
+    inputs, target = mask_tokens(tokens, generator, mask_id, vocab, 0.15, 0.8, 0.1)
+    selected = target != IGNORE
+    assert (selected.sum(1) == round(0.15 * length)).all()  # 6 of 40 in every row
+    assert torch.equal(target[selected], tokens[selected])  # the originals are the targets
+    assert torch.equal(inputs[~selected], tokens[~selected])  # nothing else is touched
+    n = int(selected.sum())
+    masked = inputs[selected] == mask_id
+    unchanged = inputs[selected] == tokens[selected]
+    replaced = ~masked & ~unchanged
+    # A random replacement equals the original with probability 1/vocab: it then counts as unchanged.
+    for count, p in ((masked, 0.8), (replaced, 0.1 * (1 - 1 / vocab)), (unchanged, 0.1 + 0.1 / vocab)):
+        assert binomtest(int(count.sum()), n, p).pvalue > 1e-3
+    # Random tokens are uniform over the vocabulary, never [MASK].
+    random_ids = inputs[selected][~masked & ~unchanged]
+    assert int(random_ids.max()) < vocab
+    assert chisquare(torch.bincount(random_ids, minlength=vocab).numpy()).pvalue > 1e-3
+    # Which positions are selected is uniform over the sequence.
+    assert chisquare(selected.sum(0).numpy()).pvalue > 1e-3
+
+
+def test_every_sequence_has_a_target_and_settings_are_honoured():
+    tokens = torch.arange(10).repeat(4000, 1)
+    generator = torch.Generator().manual_seed(1)
+    _, target = mask_tokens(tokens[:, :3], generator, 99, 10, 0.15, 0.8, 0.1)
+    assert ((target != IGNORE).sum(1) == 1).all()  # round(0.45) = 0: still one per row, as BERT's max(1, ...)
+    inputs, target = mask_tokens(tokens, generator, 99, 10, 0.5, 0.0, 1.0)
+    selected = target != IGNORE
+    assert (selected.sum(1) == 5).all() and not (inputs == 99).any()  # all replaced by random tokens
+    inputs, _ = mask_tokens(tokens, generator, 99, 10, 0.3, 1.0, 0.0)
+    assert ((inputs == 99).sum(1) == 3).all()
+
+
+def test_the_task_masks_lm_windows_with_a_mask_token_of_its_own(tasks):
+    mlm, lm = tasks
+    assert mlm.vocab_size == lm.vocab_size + 1 and mlm.mask_id == lm.vocab_size
+    assert mlm.tokenizer().token_to_id(MASK) == mlm.mask_id and lm.tokenizer().token_to_id(MASK) is None
+    for masked, plain, _ in zip(mlm.train_batches(), lm.train_batches(), range(20)):
+        window = plain["input"]  # the same window of text at the same step
+        selected = masked["target"] != IGNORE
+        assert (selected.sum(1) == round(0.15 * mlm.block_size)).all()
+        assert torch.equal(masked["target"][selected], window[selected])
+        assert torch.equal(masked["input"][~selected], window[~selected])
+        assert (masked["input"][selected] == mlm.mask_id).any()
+    for batch in [*mlm.validation_batches(), mlm.probe_batch(4)]:
+        selected = batch["target"] != IGNORE
+        assert (selected.sum(1) == round(0.15 * batch["input"].shape[1])).all()
+
+
+def test_batches_are_fixed_per_seed_and_step(corpus, tasks, tmp_path):
+    """Batch k is a pure function of (seed, k), so a resumed run sees what an uninterrupted one would; the
+    evaluation masks depend on eval_seed only."""
+    mlm, _ = tasks
+    stream = iter(mlm.train_batches())
+    batches = [next(stream) for _ in range(5)]
+    resumed = next(iter(mlm.train_batches(start_step=3)))
+    assert all(torch.equal(resumed[k], batches[3][k]) for k in ("input", "target"))
+    assert not torch.equal(batches[3]["target"], batches[4]["target"])
+    other_seed = build_task(task_cfg(corpus, tmp_path / "cache"), 1)
+    assert not torch.equal(next(iter(other_seed.train_batches()))["target"], batches[0]["target"])
+    for a, b in zip(mlm.validation_batches(), other_seed.validation_batches()):
+        assert torch.equal(a["input"], b["input"]) and torch.equal(a["target"], b["target"])
+    other_eval = build_task(task_cfg(corpus, tmp_path / "cache", eval_seed=7), 0)
+    assert not torch.equal(other_eval.validation_batches()[0]["target"], mlm.validation_batches()[0]["target"])
+
+
+# ------------------------------------------------------------------ loss and metrics on selected positions only
+
+
+class EchoInput(nn.Module):
+    """Predicts, with confidence `scale`, that each position holds the token it was given: right everywhere the
+    input is the original token, wrong at [MASK] and at random replacements."""
+
+    def __init__(self, vocab: int, scale: float = 20.0):
+        super().__init__()
+        self.vocab, self.scale, self.dummy = vocab, scale, nn.Parameter(torch.zeros(()))
+
+    def forward(self, idx, **kwargs):
+        return F.one_hot(idx, self.vocab).float() * self.scale
+
+
+def test_loss_and_accuracy_cover_the_selected_positions_only(tasks):
+    mlm, _ = tasks
+    echo = EchoInput(mlm.vocab_size)
+    # Right at every unselected position and at the ~10% selected ones left unchanged; wrong at the rest.
+    wrong = math.log1p((mlm.vocab_size - 1) * math.exp(-20.0)) + 20.0  # CE of a confident wrong guess
+    right = math.log1p((mlm.vocab_size - 1) * math.exp(-20.0))
+    for row in mlm.evaluate(echo):
+        acc = row["token_acc"]
+        assert 0.06 < acc < 0.16  # 10% unchanged + 10%/vocab random hits, over ~500-1000 selected tokens
+        assert row["masked_tokens"] == row["n"] * round(0.15 * row["length"])
+        # Over every position the loss would be ~0.15 of this, the accuracy ~0.87.
+        assert row["loss"] == pytest.approx(acc * right + (1 - acc) * wrong, rel=1e-4)
+        assert row["perplexity"] == pytest.approx(math.exp(row["loss"]))
+    # The training loss the module minimizes is the same selected-only mean.
+    lit = LitTransformer(ModelConfig(arch="encoder", vocab_size=mlm.vocab_size), {})
+    lit.model = echo
+    batch = next(iter(mlm.train_batches()))
+    selected = batch["target"] != IGNORE
+    acc = float((batch["input"][selected] == batch["target"][selected]).float().mean())
+    assert float(lit.batch_loss(batch)) == pytest.approx(acc * right + (1 - acc) * wrong, rel=1e-4)
+
+
+def test_an_oracle_scores_perfectly_and_rows_follow_the_lm_lengths(tasks):
+    mlm, lm = tasks
+
+    class Oracle(EchoInput):
+        """Knows the original text: evaluation reads the LM task's windows of each length, in order."""
+
+        def forward(self, idx, **kwargs):
+            windows = self.windows.setdefault(idx.shape[1], iter(lm._batches(idx.shape[1])))
+            return F.one_hot(next(windows)["input"], self.vocab).float() * self.scale
+
+    oracle = Oracle(mlm.vocab_size)
+    oracle.windows = {}
+    rows = mlm.evaluate(oracle)
+    assert [r["length"] for r in rows] == [32, 64, 128] and [r["multiplier"] for r in rows] == [1, 2, 4]
+    assert [r["in_distribution"] for r in rows] == [True, False, False]
+    assert all(r["token_acc"] == 1.0 and r["loss"] < 1e-6 and r["exact_match"] is None for r in rows)
+
+
+# ------------------------------------------------------------------ the encoder is bidirectional
+
+
+@pytest.mark.parametrize("pos, attn", [("rope", {}), ("learned", {}), ("alibi", {}), ("t5_bias", {}),
+                                       ("sinusoidal", {"kind": "linear"}), ("rope", {"n_kv_heads": 1})])
+def test_encoder_attention_is_not_causal(pos, attn):
+    """Changing the last token changes the first position's output (a causal model's would not move), and
+    every query gives weight to later keys."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="encoder", vocab_size=20, d_model=32, n_heads=4, n_layers=2, max_len=16,
+                      pos=PosConfig(name=pos), attn=AttnConfig(causal=True, **attn))  # causal=true is overridden
+    assert cfg.errors() == []
+    encoder, decoder = build_model(cfg).eval(), build_model(ModelConfig(**{**vars(cfg), "arch": "decoder"})).eval()
+    assert encoder.is_encoder_only and not encoder.cfg.attn.causal and not encoder.generates
+    idx = torch.randint(19, (3, 12))
+    changed = idx.clone()
+    changed[:, -1] = 19
+    with torch.no_grad():
+        delta = (encoder(idx) - encoder(changed))[:, :-1].abs().amax(dim=(0, 2))
+        causal_delta = (decoder(idx) - decoder(changed))[:, :-1].abs().max()
+    assert (delta > 1e-5).all()  # every earlier position sees the last token
+    assert causal_delta < 1e-5  # the same stack, causal, does not
+    if not attn:  # softmax attention: the weights themselves
+        _, weights = encoder(idx, need_weights=True)
+        later = torch.triu(torch.ones(12, 12, dtype=torch.bool), diagonal=1)
+        assert all((w[..., later] > 0).all() for w in weights)
+
+
+# ------------------------------------------------------------------ bad input, one line, before any work
+
+
+def test_mlm_on_a_causal_decoder_is_a_one_line_error(run_dir):
+    for arch in ("decoder", "encoder_decoder"):
+        with pytest.raises(ConfigError) as err:
+            run_in_process(["task=mlm", f"model.arch={arch}", "trainer=debug", "logger=none"], run_dir)
+        assert str(err.value) == ("task=mlm predicts masked tokens from both sides, which needs a bidirectional "
+                                  "encoder-only model: use model.arch=encoder")
+        assert not run_dir.exists()
+
+
+def test_an_encoder_on_a_next_token_task_is_a_one_line_error(run_dir):
+    with pytest.raises(ConfigError) as err:
+        run_in_process(["model.arch=encoder", "task=copy", "trainer=debug", "logger=none"], run_dir)
+    assert str(err.value) == ("model.arch=encoder is bidirectional, so every position sees the token task=copy asks "
+                              "it to predict next; use a masked task (mlm) or model.arch=decoder")
+    assert not run_dir.exists()
+    assert task_errors({"name": "lm"}, encoder_only=True)[0].startswith("model.arch=encoder is bidirectional")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task.mask_prob=1.5", "task.mask_prob=1.5 must be a number in [0, 1]"),
+    ("task.mask_prob=0", "task.mask_prob=0 selects no token to predict"),
+    ("task.random_token_prob=-0.1", "task.random_token_prob=-0.1 must be a number in [0, 1]"),
+    ("task.mask_token_prob=0.95", "task.mask_token_prob + task.random_token_prob = 1.05 > 1"),
+    ("task.eval_seed=x", "task.eval_seed='x' must be a number"),
+    ("task.eval_seed=1.5", "task.eval_seed=1.5 must be an integer"),
+    ("+task.mask_rate=0.2", "task.mask_rate is not an option of task.name=mlm; did you mean task.mask_prob?"),
+])
+def test_bad_masking_options_are_one_line_errors(override, message, run_dir):
+    with pytest.raises(ConfigError) as err:
+        Setup.from_config(compose_config(["task=mlm", override], run_dir))
+    assert len(str(err.value).splitlines()) == 1 and str(err.value).startswith(message)
+
+
+def test_task_mlm_picks_the_encoder():
+    cfg = compose_config(["task=mlm"])
+    assert cfg.model.arch == "encoder" and cfg.attn.causal is False and cfg.task.block_size == 64
+
+
+# ------------------------------------------------------------------ end to end
+
+
+def test_mlm_runs_end_to_end(corpus, run_dir, tmp_path):
+    run_in_process(["model.arch=encoder", "task=mlm", "trainer=debug", "logger=none", f"task.data.path={corpus}",
+                    f"task.cache_dir={tmp_path / 'cache'}", "task.eval_max_tokens=4096"], run_dir)
+    results = read_results(run_dir)
+    assert results["status"] == "completed" and results["task"] == "mlm"
+    rows = results["eval"]
+    assert [(r["length"], r["multiplier"], r["in_distribution"]) for r in rows] == \
+        [(64, 1, True), (128, 2, False), (256, 4, False), (512, 8, False)]
+    for row in rows:
+        assert 0 <= row["token_acc"] <= 1 and row["masked_tokens"] > 0
+        assert row["perplexity"] == pytest.approx(math.exp(row["loss"]))
+    assert results["final_val_loss"] == rows[0]["loss"]
+    assert results["decode"] == {"kv_cache_bytes_per_token": None, "tokens_per_s": None}
+    setup = Setup.from_run_dir(run_dir, with_task=True)
+    assert setup.saved_tokenizer().token_to_id(MASK) == setup.task.mask_id
+    assert setup.trained_model().is_encoder_only
+
+
+@pytest.mark.slow
+def test_mlm_learns_from_both_sides(corpus, run_dir, tmp_path):
+    """Masked characters of a small grammar are predictable from their neighbours: the trained encoder's masked
+    accuracy beats predicting the commonest character by far."""
+    run_in_process(["task=mlm", "logger=none", f"task.data.path={corpus}", f"task.cache_dir={tmp_path / 'cache'}",
+                    "task.block_size=32", "task.eval_max_tokens=8192", "trainer.max_steps=300",
+                    "trainer.val_check_interval=150", "diagnostics=none"], run_dir)
+    results = read_results(run_dir)
+    text = corpus.read_text()
+    commonest = max(text.count(ch) for ch in set(text)) / len(text)
+    assert results["eval"][0]["token_acc"] > commonest + 0.3
