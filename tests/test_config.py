@@ -55,7 +55,7 @@ def test_choices_are_named_by_what_the_model_computes(tmp_path):
     ("pos=t5_bias pos.num_buckets=2", "pos.num_buckets=2"),
     ("pos=sinusoidal pos.scale_embeddings=maybe", "pos.scale_embeddings='maybe' must be true or false"),
     ("pos=rope pos.base=big", "pos.base='big' must be a number"),
-    ("norm.type=batchnorm", "norm.type='batchnorm' is unknown"),
+    ("norm.type=groupnorm", "norm.type='groupnorm' is unknown"),
     ("norm.placement=middle", "norm.placement='middle' is unknown"),
     ("act.name=tanh", "act.name='tanh' is unknown"),
     ("init.name=orthogonal", "init.name='orthogonal' is unknown"),

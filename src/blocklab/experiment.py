@@ -42,7 +42,9 @@ def config_errors(groups: dict) -> list[str]:
         if errors:
             return errors
         task = _task(_frozen(groups["task"]), groups["seed"], seq2seq, placement)
-        return _model_config(groups, task, placement).errors()
+        model_cfg = _model_config(groups, task, placement)
+        # The model's own checks, then those between it and the task's training batch (BatchNorm's statistics).
+        return model_cfg.errors() or model_cfg.norm.batch_errors(task.batch_size)
     except ConfigError as err:
         return str(err).splitlines()
 

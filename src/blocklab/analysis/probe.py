@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from blocklab.analysis import metrics
+from blocklab.model.norm import bounds_token_length
 from blocklab.tasks.base import IGNORE, model_inputs
 
 
@@ -15,10 +16,11 @@ def prenorm_score_bounds(model, block) -> list[float] | None:
     The normalized input has ||x|| <= R = Gamma sqrt(d_model) + ||beta||, so |q_h . k_h| * scale
     <= scale (sigma(W_Q,h) R + ||b_Q,h||)(sigma(W_K,h) R + ||b_K,h||). With one head, no biases and
     scale 1/sqrt(d) this is the seed's M = Gamma^2 sigma_Q sigma_K sqrt(d). None where the bound
-    does not apply: post-norm inputs are not normalized, position biases and qk_norm change scores."""
+    does not apply: post-norm inputs are not normalized, BatchNorm bounds no single token, position biases
+    and qk_norm change scores."""
     cfg = model.cfg
     attn, norm = block.attn, block.attn_residual.norm_in
-    if norm is None or cfg.attn.qk_norm or model.pos.adds_bias():
+    if norm is None or not bounds_token_length(norm) or cfg.attn.qk_norm or model.pos.adds_bias():
         return None
     gamma = float(norm.weight.abs().max()) if norm.weight is not None else 1.0
     beta = float(norm.bias.norm()) if getattr(norm, "bias", None) is not None else 0.0

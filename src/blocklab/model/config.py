@@ -8,8 +8,8 @@ from typing import Any
 from blocklab.errors import ConfigError
 from blocklab.model.attention import ATTENTION_KINDS
 from blocklab.model.ffn import ACTIVATIONS
-from blocklab.model.init import INIT_SCHEMES
-from blocklab.model.norm import NORM_TYPES, PLACEMENTS, norm_name
+from blocklab.model.init import INIT_SCHEMES, scheme_errors
+from blocklab.model.norm import NORM_TYPES, PLACEMENTS, batch_size_errors, norm_name
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES
 from blocklab.model.transformer import ARCHITECTURES
@@ -23,10 +23,15 @@ class NormConfig:
     type: str = "layernorm"
     placement: str = "pre"
     eps: float = 1e-5
+    affine: bool = True  # False: norms without the learned gain and shift
 
     @property
     def name(self) -> str:
-        return norm_name(self.type, self.placement)
+        return norm_name(self.type, self.placement, self.affine)
+
+    def batch_errors(self, batch_size: int) -> list[str]:
+        """What the norm type says of the task's training batch size (BatchNorm needs more than one sequence)."""
+        return batch_size_errors(self.type, batch_size)
 
 
 @dataclass
@@ -131,6 +136,13 @@ class ModelConfig:
         return PLACEMENTS[self.norm.placement].alpha(self.n_layers)
 
     @property
+    def branch_gate(self) -> float | None:
+        """The start of a learned scalar on every residual branch, from the placement (ReZero: 0) or else the
+        init scheme (Fixup's multiplier: 1); None: no gate."""
+        gate = PLACEMENTS[self.norm.placement].gate
+        return gate if gate is not None else getattr(INIT_SCHEMES[self.init.name], "branch_gate", None)
+
+    @property
     def is_encoder_decoder(self) -> bool:
         return ARCHITECTURES[self.arch].is_encoder_decoder
 
@@ -194,6 +206,8 @@ class ModelConfig:
                                (INIT_SCHEMES, self.init.name)):
             if name not in registry:
                 errs.append(registry.unknown(name))
+        if not errs:  # the placement's and the init scheme's own constraints
+            errs += PLACEMENTS[self.norm.placement].errors(self) + scheme_errors(self)
         return errs + self._attention_errors() + self._position_errors(heads_divide=not self.d_model % self.n_heads)
 
     def _fields_by_group(self) -> list[tuple[str, dict]]:

@@ -1,11 +1,12 @@
 """Named initialization schemes, applied after construction. Depth-dependent schemes
-(GPT-2 residual scaling, DeepNet beta) read the depth from the config."""
+(GPT-2 residual scaling, DeepNet beta, Fixup) read the depth from the config or the model."""
 import math
 
 import torch
 from torch import Tensor, nn
 
 from blocklab.model.attention import Attention
+from blocklab.model.block import Residual
 from blocklab.model.ffn import FFN
 from blocklab.model.norm import PLACEMENTS, deepnorm_beta
 from blocklab.registry import Registry
@@ -102,6 +103,69 @@ def init_zero_branch(model, cfg):
     _normal(model, cfg.init.std)
     for layer in branch_outputs(model):
         nn.init.zeros_(layer.weight)
+
+
+def fixup_layers(branch: nn.Module) -> list[tuple[list[Tensor], nn.Linear, int]]:
+    """(the weights Fixup scales, the last layer it zeroes, m: the weight layers the branch's signal passes
+    through in sequence) for each attention or FFN inside one residual branch (each expert of a mixture).
+    Attention's signal passes W_v then W_o (queries and keys only choose the mixing weights, a convex
+    combination); an MLP's W_in then W_out; a GLU's gate and up halves of W_in then W_out, act(x W_g) * (x W_u)
+    being a product of two layers (m = 3)."""
+    layers = []
+    for module in branch.modules():
+        if isinstance(module, Attention):
+            layers.append(([module.projection("v")[0]], module.out_proj, 2))
+        elif isinstance(module, FFN):
+            layers.append(([module.in_proj.weight], module.out_proj, 3 if module.gated else 2))
+    return layers
+
+
+@INIT_SCHEMES.register("fixup")
+def init_fixup(model, cfg):
+    """Fixup (Zhang, Dauphin & Ma 2019, "Fixup Initialization: Residual Learning Without Normalization", ICLR):
+    1. the classification layer and the last layer of every residual branch start at 0;
+    2. the other layers start from a standard init (here Xavier normal, embeddings N(0, std)), and the
+       layers inside residual branches are scaled by L^(-1/(2m-2)), L the number of residual branches and
+       m the number of layers in each; 3. a scalar multiplier (from 1) on every branch: `branch_gate`.
+    For a Transformer: every sublayer (attention, FFN, cross-attention; encoder ones too) is a branch, so
+    L = 2 n_layers for a decoder; m = 2 for attention (W_v, W_o) and an MLP (W_in, W_out), scaling W_v and
+    W_in by L^(-1/2); m = 3 for a GLU, whose gate and up halves are scaled by L^(-1/4) (fixup_layers).
+    Queries and keys keep Xavier: they shape the attention weights, not the size of the branch's output.
+    The scalar biases of rule 3 are the linear layers' own biases (model.bias=true; none without it). A head
+    tied to the token embeddings cannot start at 0 (the input would be 0 too): only an untied one does."""
+    init_xavier(model, cfg)
+    branches = [module.sublayer for module in model.modules() if isinstance(module, Residual)]
+    with torch.no_grad():
+        for branch in branches:
+            for inner, last, m in fixup_layers(branch):
+                for weight in inner:
+                    weight.mul_(len(branches) ** (-1 / (2 * m - 2)))
+                nn.init.zeros_(last.weight)
+        if model.head.weight is not model.tok_emb.weight:
+            nn.init.zeros_(model.head.weight)
+
+
+init_fixup.branch_gate = 1.0  # rule 3's multiplier: a learned scalar on every branch (Residual's gate)
+
+
+def _zeroed_branch_errors(cfg) -> list[str]:
+    """A scheme that zeroes each branch's last layer cannot meet a branch gate starting at 0 (ReZero): each one's
+    gradient is a product with the other, so neither ever moves."""
+    if PLACEMENTS[cfg.norm.placement].gate != 0:
+        return []
+    return [f"init={cfg.init.name} zeroes every branch's last layer and norm.placement={cfg.norm.placement} starts "
+            f"every branch's gate at 0, so neither gets a gradient and no branch ever learns; use "
+            f"init=normal with norm.placement={cfg.norm.placement}"]
+
+
+init_fixup.errors = _zeroed_branch_errors
+init_zero_branch.errors = _zeroed_branch_errors
+
+
+def scheme_errors(cfg) -> list[str]:
+    """The chosen init scheme's constraints on the rest of the model config (one line each)."""
+    check = getattr(INIT_SCHEMES[cfg.init.name], "errors", None)
+    return check(cfg) if check is not None else []
 
 
 def apply_init(model, cfg):

@@ -14,7 +14,7 @@ from blocklab.model.cache import DecodingCache
 from blocklab.model.ffn import dropout_layer
 from blocklab.model.init import apply_init
 from blocklab.model.mask import cross_attention_context, self_attention_context
-from blocklab.model.norm import PLACEMENTS, build_norm
+from blocklab.model.norm import PLACEMENTS, apply_norm, build_norm
 from blocklab.model.patterns import build_pattern
 from blocklab.model.position import build_position
 from blocklab.registry import Registry
@@ -27,8 +27,8 @@ ARCHITECTURES: Registry = Registry("model.arch")
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
     # Pre-norm stacks leave the residual stream unnormalized, so the output gets one last norm.
-    norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias) if PLACEMENTS[cfg.norm.placement].final_norm \
-        else None
+    norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias, cfg.norm.affine) \
+        if PLACEMENTS[cfg.norm.placement].final_norm else None
     return nn.Identity() if norm is None else norm
 
 
@@ -104,7 +104,7 @@ class Transformer(nn.Module):
             x = block(x, ctx, *cross)
         if cache is not None:
             cache.commit(ctx.k_positions, ctx.k_valid)
-        logits = self.head(self.final_norm(x))
+        logits = self.head(apply_norm(self.final_norm, x, valid))
         if need_weights:
             return logits, [block.attn.last_weights for block in self.blocks]
         return logits
@@ -133,7 +133,7 @@ class EncoderDecoder(Transformer):
         x = self._dropout(self.enc_pos.embed(self.tok_emb(source), ctx.positions))
         for block in self.encoder:
             x = block(x, ctx)
-        return self.enc_norm(x)
+        return apply_norm(self.enc_norm, x, source_valid)
 
     def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
                 cache: DecodingCache | None = None, need_weights: bool = False, source: Tensor | None = None,
