@@ -110,6 +110,19 @@ def test_a_padded_batch_gives_the_real_tokens_the_unpadded_outputs_in_training_a
     torch.testing.assert_close(with_pad(idx_pad, valid=valid)[:, :7], plain(idx), rtol=1e-9, atol=1e-9)
 
 
+def test_padded_sources_and_bidirectional_stacks_leave_the_real_tokens_alone():
+    """An encoder-decoder's source padding (encoder blocks and the encoder's final norm) and an encoder-only stack,
+    whose real tokens also attend rightwards (padding keys are masked), in training mode."""
+    torch.manual_seed(0)
+    idx, target = torch.randint(0, 20, (4, 7)), torch.randint(0, 20, (4, 5))
+    idx_pad, valid = padded(idx)
+    seq2seq = build_model(bn_cfg(arch="encoder_decoder")).double().train()
+    torch.testing.assert_close(seq2seq(target, source=idx_pad, source_valid=valid), seq2seq(target, source=idx),
+                               rtol=1e-9, atol=1e-9)
+    encoder = build_model(bn_cfg(arch="encoder")).double().train()
+    torch.testing.assert_close(encoder(idx_pad, valid=valid)[:, :7], encoder(idx), rtol=1e-9, atol=1e-9)
+
+
 def test_without_the_mask_the_padding_would_change_the_real_tokens():
     """The check above has teeth: the same padding counted as tokens moves the real tokens' outputs."""
     torch.manual_seed(0)
