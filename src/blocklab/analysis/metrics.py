@@ -21,16 +21,24 @@ def prenorm_bound(n_keys: int, max_score: float) -> float:
     return math.sqrt(n_keys / (1 + (n_keys - 1) * math.exp(-2 * max_score)))
 
 
-def attention_entropy(weights: Tensor) -> Tensor:
-    """Mean entropy (nats) of each head's attention rows: (H,)."""
-    return -(weights * weights.clamp_min(1e-12).log()).sum(-1).mean(dim=(0, 2))
+def attention_entropy(weights: Tensor, rows: Tensor | None = None) -> Tensor:
+    """Mean entropy (nats) of each head's attention rows: (H,). rows (B, Tq) bool: average over these only."""
+    return _row_mean(-(weights * weights.clamp_min(1e-12).log()).sum(-1), rows)
 
 
-def attention_distance(weights: Tensor) -> Tensor:
-    """Mean |query index - key index| under each head's attention (self-attention): (H,)."""
+def attention_distance(weights: Tensor, rows: Tensor | None = None) -> Tensor:
+    """Mean |query index - key index| under each head's attention (self-attention): (H,). rows as above."""
     tq, tk = weights.shape[-2:]
     offset = (torch.arange(tq)[:, None] + (tk - tq) - torch.arange(tk)[None]).abs().to(weights.dtype)
-    return (weights * offset).sum(-1).mean(dim=(0, 2))
+    return _row_mean((weights * offset).sum(-1), rows)
+
+
+def _row_mean(per_row: Tensor, rows: Tensor | None) -> Tensor:
+    """(B, H, Tq) -> (H,): the mean over examples and query rows, or over the rows marked in rows (B, Tq)."""
+    if rows is None:
+        return per_row.mean(dim=(0, 2))
+    mask = rows[:, None, :].to(per_row.dtype)
+    return (per_row * mask).sum(dim=(0, 2)) / mask.sum().clamp_min(1)
 
 
 def head_similarity(weights: Tensor) -> Tensor:

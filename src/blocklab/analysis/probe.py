@@ -60,6 +60,8 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             hook.remove()
         model.train(was_training)
     valid = batch["valid"]
+    # The queries the loss reads (the answer's): where a task's attention pattern shows, undiluted by the prompt's rows.
+    answer = batch["target"] != IGNORE if "target" in batch else None
     embedded = model.pos.embed(model.tok_emb(batch["input"]), torch.arange(batch["input"].shape[1])[None])
     layers = []
     for i, (block, w) in enumerate(zip(blocks, weights)):
@@ -78,6 +80,7 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             [metrics.prenorm_bound(n_keys, m) for m in score_bounds],
             "attention_entropy": metrics.attention_entropy(w).tolist(),
             "attention_distance": metrics.attention_distance(w).tolist(),
+            **_answer_rows(w, answer),
             "head_similarity": similarity.tolist(),
             "head_similarity_mean": metrics.mean_off_diagonal(similarity),
             "relative_residual": metrics.relative_residual(x, valid),
@@ -89,6 +92,14 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
     if keep_weights:
         stats["weights"] = [w[0].float() for w in weights]  # first example, for the heatmaps
     return stats
+
+
+def _answer_rows(w, answer) -> dict:
+    """Entropy and distance over the answer's query rows, where they are this layer's rows (self-attention)."""
+    if answer is None or answer.shape != (w.shape[0], w.shape[2]) or not answer.any():
+        return {}
+    return {"attention_entropy_answer": metrics.attention_entropy(w, answer).tolist(),
+            "attention_distance_answer": metrics.attention_distance(w, answer).tolist()}
 
 
 def sublayer_gradient_norms(model) -> list[dict]:
