@@ -10,9 +10,12 @@ from blocklab.tasks.lm import LMTask
 from blocklab.tasks.periodic import PeriodicTask
 from blocklab.tasks.keyed import KeyedTask
 from blocklab.tasks.mlm import MLMTask
+from blocklab.tasks.brackets import BracketsTask
+from blocklab.tasks.count import CountTask
+from blocklab.tasks.maximum import MaxTask
 
 __all__ = ["TASKS", "Task", "CopyTask", "AdditionTask", "LMTask", "PeriodicTask", "KeyedTask", "MLMTask",
-           "build_task", "task_errors"]
+           "BracketsTask", "CountTask", "MaxTask", "build_task", "task_errors"]
 
 
 def task_errors(cfg: dict, seq2seq: bool = False, placement: Placement = Placement(),
