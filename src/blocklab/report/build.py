@@ -21,6 +21,7 @@ from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.registry import Registry  # noqa: E402
 from blocklab.report import length_gen, stats, tables  # noqa: E402
 from blocklab.report.attention_costs import BENCH_JSON, attention_costs_section  # noqa: E402
+from blocklab.report.attention_maps import plot_attention_maps  # noqa: E402
 from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS  # noqa: E402
 from blocklab.results import RESULTS_FILE  # noqa: E402
 
@@ -168,6 +169,7 @@ def _select(rows, where: dict | None):
 
 
 PLOTS: Registry = Registry("study.plots[].kind")
+PLOTS.register("attention_maps")(plot_attention_maps)  # its own module: a figure of saved heatmaps
 
 
 def _band(ax, xs, lows, highs, line) -> None:

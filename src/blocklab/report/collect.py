@@ -39,6 +39,9 @@ def _layers(diag: dict | None, when: str) -> dict[str, list]:
     }
     for part in ("attn", "ffn"):
         series[f"grad_{part}"] = [g[part] for g in m.get("gradients", [])]
+    for key in ("attention_entropy", "attention_distance", "attention_entropy_answer", "attention_distance_answer"):
+        heads = [layer.get(key) for layer in m["layers"]]  # per head; *_answer: over the answer's queries only
+        series[key] = [sum(h) / len(h) if h else None for h in heads]
     return series
 
 

@@ -1,0 +1,80 @@
+"""The `attention_maps` plot kind: the attention heatmaps the diagnostics saved (one PNG per measurement, layers x
+heads, first probe example; diagnostics.attention_maps=end), one row per setting and one column per `when`
+(init, end), from the run with the lowest seed. Its note gives, per setting, the mean over heads and seeds of
+attention entropy and mean |query - key| distance per layer, over the answer's queries where the diagnostics
+recorded them (else over every query), at the first and the last `when`.
+
+Study spec: {kind: attention_maps, metric: attention_maps, by: task, when: [init, end]}."""
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from matplotlib.image import imread
+
+from blocklab.results import RESULTS_FILE
+
+PANEL_WIDTH = 7.0  # inches per saved figure: a 2-layer x 4-head grid keeps its labels readable
+
+
+def _maps(run: str, when: str) -> Path | None:
+    """The heatmap PNG a run's diagnostics saved at `when`, if any."""
+    path = Path(run) / RESULTS_FILE
+    if not path.exists():
+        return None
+    measurement = ((json.loads(path.read_text()).get("diagnostics") or {}).get(when)) or {}
+    saved = [Path(run) / p for p in measurement.get("attention_maps") or []]
+    return next((p for p in saved if p.exists()), None)
+
+
+def _per_layer(members: list[dict], when: str, metric: str) -> list[float] | None:
+    """Mean over seeds of a per-layer series (layers_<when>), None if no run has it whole."""
+    series = [m.get(f"layers_{when}", {}).get(metric) for m in members]
+    series = [s for s in series if s and None not in s]
+    return [sum(v) / len(v) for v in zip(*series)] if series else None
+
+
+def _numbers(members: list[dict], whens: list[str]) -> str:
+    """'entropy 1.51 -> 0.20, 1.50 -> 0.05 nats; distance ...' per layer, first `when` -> last, answer rows first."""
+    parts = []
+    for name, unit in (("attention_entropy", " nats"), ("attention_distance", "")):
+        for key, where in ((f"{name}_answer", "answer queries"), (name, "all queries")):
+            first, last = _per_layer(members, whens[0], key), _per_layer(members, whens[-1], key)
+            if last is None:
+                continue
+            steps = [f"{a:.2f} → {b:.2f}" for a, b in zip(first, last)] if first and len(whens) > 1 \
+                else [f"{b:.2f}" for b in last]
+            parts.append(f"{name.split('_')[1]} ({where}) per layer {', '.join(steps)}{unit}")
+            break
+    return "; ".join(parts)
+
+
+def plot_attention_maps(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """Hides the one axes the report hands over and fills its figure with the saved heatmaps (settings x `when`)."""
+    whens = [spec["when"]] if isinstance(spec.get("when"), str) else list(spec.get("when") or ["end"])
+    groups = defaultdict(list)
+    for row in rows:
+        groups[tuple(str(row.get(k)) for k in by)].append(row)
+    shown = []  # (label, seed, [png or None per when], members)
+    for key, members in sorted(groups.items()):
+        first = min(members, key=lambda m: (m.get("seed") is None, m.get("seed") or 0))
+        shown.append((", ".join(f"{k}={v}" for k, v in zip(by, key)), first.get("seed"),
+                      [_maps(first["run"], w) for w in whens], members))
+    fig = ax.figure
+    ax.set_visible(False)  # kept, hidden: the report still titles and labels it
+    if not any(p for *_, pngs, _ in shown for p in pngs):
+        fig.text(0.5, 0.5, "no attention maps saved: run with diagnostics.attention_maps=end", ha="center")
+        return None
+    images = [[imread(p) if p else None for p in pngs] for *_, pngs, _ in shown]
+    height, width = next(im for row in images for im in row if im is not None).shape[:2]
+    fig.set_size_inches(PANEL_WIDTH * len(whens), PANEL_WIDTH * height / width * len(shown) + 0.4)
+    axes = fig.subplots(len(shown), len(whens), squeeze=False)
+    for (label, seed, _, _), row_images, row_axes in zip(shown, images, axes):
+        for when, image, cell in zip(whens, row_images, row_axes):
+            cell.axis("off")
+            cell.set_title(f"{label} (seed {seed}), at {when}", fontsize=11)
+            if image is None:
+                cell.text(0.5, 0.5, f"no map saved at {when}", ha="center", transform=cell.transAxes)
+            else:
+                cell.imshow(image)
+    return " ".join(f"{label}: {_numbers(members, whens)} (mean over heads and {len(members)} runs)."
+                    for label, _, _, members in shown)
