@@ -21,7 +21,7 @@ from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
 from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, LastCheckpoint, StepProgressBar
 from blocklab.train.checks import check_run_dir
 from blocklab.train.diagnostics import Diagnostics
-from blocklab.train.loggers import build_logger, log_results
+from blocklab.train.loggers import build_loggers, check_loggers, log_results
 from blocklab.train.module import LitTransformer
 from blocklab.train.outcome import choices, outcome
 from blocklab.train.resume import resume_step, set_aside_checkpoints
@@ -49,6 +49,7 @@ def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
 def prepare(cfg: DictConfig) -> Setup:
     """Everything that can fail on bad input, before any file is written."""
     setup = Setup.from_config(cfg)
+    check_loggers(cfg.logger)
     check_run_dir(setup.run_dir)
     return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, setup.groups))
 
@@ -79,12 +80,12 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     lit = LitTransformer(setup.model_cfg, groups["optim"],
                          [n for n in task.eval_lengths if task.in_distribution(n)], target_loss=groups["target_loss"])
 
-    logger = build_logger(cfg, run_dir, f"{task.name}-{run_name}", task.name, sweep_tags_and_group(groups))
-    if logger:
+    loggers = build_loggers(cfg, run_dir, f"{task.name}-{run_name}", task.name, sweep_tags_and_group(groups))
+    for logger in loggers:
         logger.log_hyperparams({**picked, **flatten(groups)})
     guard = DivergenceGuard(groups["max_loss"])
     callbacks = step_callbacks(run_dir, guard, groups["checkpoint_every"])
-    if logger:
+    if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     diag_cfg = groups["diagnostics"]
     diagnostics = None
@@ -92,7 +93,7 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         diagnostics = Diagnostics(task.probe_batch(diag_cfg["probe_examples"]), run_dir / "diagnostics",
                                   diag_cfg["every_n_steps"], diag_cfg["sparsity_eps"], diag_cfg["attention_maps"])
         callbacks.append(diagnostics)
-    trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(run_dir))
+    trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir))
 
     # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
     # which dropout draws from and the checkpoint carries, exactly where the training steps leave it.
@@ -114,15 +115,14 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     results = outcome(task, lit, guard.diverged_at_step, trainer.global_step, picked)
     if groups.get("study"):
         results["study"] = groups["study"]["name"]
-        if in_sweep():
-            results["overrides"] = job_overrides()
+    if in_sweep():  # what the job varied, as a failed job's record has it too
+        results["overrides"] = job_overrides()
     if diagnostics is not None:
         results["diagnostics"] = diagnostics.summary()
     if results["status"] == "diverged":
         print(f"diverged at step {guard.diverged_at_step} (training loss {lit.last_train_loss}); results record "
               "status 'diverged'. Lower optim.lr, add warmup or gradient clipping.", file=sys.stderr)
     path = write_results(run_dir, results)
-    if logger:
-        log_results(logger, results)
+    log_results(loggers, results, results.get("overrides", []))
     print_summary(results, path)
     return results["final_val_loss"]

@@ -1,6 +1,7 @@
 """A run as one job of a Hydra multirun: every job's config is checked before the first starts; finished
 and invalid jobs are skipped, a failed one is tried again with the record of its failure kept, a failing
-one is recorded without stopping the sweep; plus the DDP re-launch of one job and its W&B grouping."""
+one is recorded without stopping the sweep; plus the DDP re-launch of one job, its W&B grouping, and the
+sweep-end step (SweepEnd)."""
 import os
 import sys
 import time
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -77,10 +79,25 @@ def sweep_tags_and_group(groups: dict) -> dict:
     if not study or not in_sweep():
         return {}
     hydra_cfg = HydraConfig.get()
-    marker = Path(hydra_cfg.sweep.dir) / "multirun.yaml"  # Hydra rewrites it at every launch
-    launch = time.strftime("%Y%m%d-%H%M%S", time.localtime(marker.stat().st_mtime)) if marker.exists() else "run"
     tags = swept_overrides(hydra_cfg.overrides.task)
-    return {"group": f"{study['name']}-{launch}", "tags": [t[:64] for t in tags]}
+    return {"group": wandb_group(study["name"], Path(hydra_cfg.sweep.dir)), "tags": [t[:64] for t in tags]}
+
+
+def wandb_group(study_name: str, sweep_dir: Path) -> str:
+    """One W&B group per launch of a sweep: its jobs and its comparison table."""
+    marker = sweep_dir / "multirun.yaml"  # Hydra rewrites it at every launch
+    launch = time.strftime("%Y%m%d-%H%M%S", time.localtime(marker.stat().st_mtime)) if marker.exists() else "run"
+    return f"{study_name}-{launch}"
+
+
+class SweepEnd(Callback):
+    """Hydra calls it once every job of a multirun is done (conf/config.yaml hydra.callbacks): each logger's
+    sweep-wide step, such as W&B's comparison table of all jobs."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from blocklab.train.loggers import sweep_end  # torch, Lightning, W&B: not for every start-up
+
+        sweep_end(config)
 
 
 def check_sweep_jobs(overrides: list[str]) -> None:
