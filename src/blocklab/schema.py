@@ -208,7 +208,9 @@ SCHEMA: dict[str, Group] = {
     "attn": Group({
         "kind": Text(), "pattern": Nullable(Text(), "window if attn.window is set, else full"), "n_kv_heads": Nullable(POSITIVE_INT, "n_heads: MHA"),
         "window": Nullable(POSITIVE_INT, "full attention"), "causal": Bool(),
-        "scale": Nullable(Either(Choice(("none", "default")), POSITIVE), "1/sqrt(d_head)"), "qk_norm": Bool()},
+        "scale": Nullable(Either(Choice(("none", "default")), POSITIVE), "1/sqrt(d_head)"),
+        "scale_factor": Described(POSITIVE, "a number > 0 (it multiplies the scale: 0.5 halves 1/sqrt(d_head))"),
+        "qk_norm": Bool()},
         owner="the attention kind (attn.kind)"),
     "act": Group({"name": Text(), "match_params": Bool()}),
     "init": Group({"name": Text(), "std": POSITIVE}),

@@ -2,6 +2,7 @@
 
 Validation lives here, once: `ModelConfig.errors()` lists every problem as one line that names
 the offending key and the fix, before anything is built or written."""
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -57,6 +58,7 @@ class AttnConfig:
     window: int | None = None  # the local window of a pattern: each query sees this many keys back (itself included)
     causal: bool = True
     scale: float | str | None = None  # None: 1/sqrt(d_head); "none": 1 (unscaled); a number: that number
+    scale_factor: float = 1.0  # multiplies the scale: 0.5 with scale null is 1/(2 sqrt(d_head))
     qk_norm: bool = False
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own keyword arguments
     pattern_options: dict[str, Any] = field(default_factory=dict)  # the pattern's own (stride, dilation...)
@@ -86,9 +88,11 @@ class AttnConfig:
                 {k: v for k, v in extra.items() if k in to_pattern})
 
     def scale_value(self, d_head: int) -> float | None:
+        """The softmax temperature: scale_factor times 1/sqrt(d_head) (scale null), 1 (none) or the number.
+        None for the plain 1/sqrt(d_head), which the attention layer computes itself."""
         if self.scale is None or self.scale == "default":
-            return None
-        return 1.0 if self.scale == "none" else float(self.scale)
+            return None if self.scale_factor == 1 else self.scale_factor / math.sqrt(d_head)
+        return self.scale_factor * (1.0 if self.scale == "none" else float(self.scale))
 
 
 @dataclass

@@ -214,6 +214,9 @@ class LinearAttention(KernelAttention):
         if cfg.attn.scale not in (None, "default"):
             errs.append(f"attn.scale={cfg.attn.scale!r} does not apply to attn.kind=linear (elu(x)+1 features have "
                         f"no temperature); set attn.scale=null")
+        if cfg.attn.scale_factor != 1:
+            errs.append(f"attn.scale_factor={cfg.attn.scale_factor!r} does not apply to attn.kind=linear (elu(x)+1 "
+                        f"features have no temperature); set attn.scale_factor=1")
         return errs
 
     def features(self, x, is_query):
