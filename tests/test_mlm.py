@@ -264,6 +264,9 @@ def test_mlm_runs_end_to_end(corpus, run_dir, tmp_path):
     setup = Setup.from_run_dir(run_dir, with_task=True)
     assert setup.saved_tokenizer().token_to_id(MASK) == setup.task.mask_id
     assert setup.trained_model().is_encoder_only
+    from blocklab.generate import main as generate_main
+    with pytest.raises(SystemExit, match="model.arch=encoder, which fills in masked tokens.*model.arch=decoder"):
+        generate_main([str(run_dir), "--prompt", "ab"])
 
 
 @pytest.mark.slow

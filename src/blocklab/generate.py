@@ -9,6 +9,7 @@ from tokenizers import Tokenizer
 from blocklab.errors import ConfigError
 from blocklab.experiment import Setup
 from blocklab.model.generate import generate
+from blocklab.model.transformer import ARCHITECTURES
 
 
 def main(argv=None) -> None:
@@ -25,6 +26,10 @@ def main(argv=None) -> None:
         setup = Setup.from_run_dir(args.run_dir)
     except ConfigError as err:
         raise SystemExit(f"error: {err}") from None
+    if not ARCHITECTURES[setup.model_cfg.arch].generates:
+        raise SystemExit(f"error: {args.run_dir} trained model.arch={setup.model_cfg.arch}, which fills in masked "
+                         "tokens and does not continue a prompt; generate from a run with model.arch=decoder or "
+                         "encoder_decoder")
     tokenizer = setup.saved_tokenizer()
     unknown_error = unknown_characters_error(tokenizer, args.prompt)
     if unknown_error:

@@ -195,3 +195,16 @@ def test_the_pre_norm_score_bound_is_not_claimed_for_batchnorm():
     with torch.no_grad():  # as the probe runs
         assert prenorm_score_bounds(model, model.blocks[0]) is None
         assert prenorm_score_bounds(layernorm_model, layernorm_model.blocks[0]) is not None
+
+
+def test_measuring_a_step_leaves_the_running_statistics_as_evaluation_left_them():
+    """costs.step_peak_bytes runs a training-mode step after evaluation: the model it leaves must be the one evaluated."""
+    from blocklab.train.costs import step_peak_bytes
+
+    model = build_model(ModelConfig(vocab_size=12, d_model=D, n_layers=1, n_heads=2, max_len=16,
+                                    norm=NormConfig(type="batchnorm"))).eval()
+    before = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    ids = torch.randint(12, (2, 9), generator=torch.Generator().manual_seed(0))
+    step_peak_bytes(model, {"input": ids[:, :-1], "target": ids[:, 1:]})
+    assert before and all(torch.equal(buffer, before[name]) for name, buffer in model.named_buffers())
+    assert not model.training

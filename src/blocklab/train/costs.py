@@ -50,6 +50,8 @@ def step_peak_bytes(model, batch: dict) -> int:
     """Peak memory of one forward + backward of `batch` beyond the weights (activations, gradients, temporaries;
     the optimizer's state is not counted). Float32, whatever precision training used."""
     was_training = model.training
+    # A training-mode forward moves running statistics (BatchNorm's): a measurement must leave the model as it was.
+    buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     model.train()
     device = next(model.parameters()).device
     batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, Tensor)}
@@ -59,6 +61,9 @@ def step_peak_bytes(model, batch: dict) -> int:
         del logits
     model.zero_grad(set_to_none=True)
     model.train(was_training)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
     return memory.peak
 
 
