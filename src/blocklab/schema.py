@@ -213,6 +213,7 @@ SCHEMA: dict[str, Group] = {
         "qk_norm": Bool()},
         owner="the attention kind (attn.kind)"),
     "act": Group({"name": Text(), "match_params": Bool()}),
+    "ffn": Group({"name": Text()}, owner="the FFN kind (ffn.name)"),
     "init": Group({"name": Text(), "std": POSITIVE}),
     "task": Group({"name": Text()}, owner="the task (task.name)"),
     "optim": Group({

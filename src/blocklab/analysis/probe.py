@@ -52,7 +52,7 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
     outputs, hidden = {}, {}
     hooks = [b.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, out)) for i, b in enumerate(blocks)]
     hooks += [b.ffn.out_proj.register_forward_pre_hook(lambda m, a, i=i: hidden.__setitem__(i, a[0]))
-              for i, b in enumerate(blocks) if b.ffn is not None]
+              for i, b in enumerate(blocks) if hasattr(b.ffn, "out_proj")]  # MoE: one hidden per expert, no sparsity
     try:
         _, weights = model(batch["input"], need_weights=True, **model_inputs(batch))
     finally:

@@ -4,7 +4,7 @@ from torch import Tensor, nn
 
 from blocklab.model.attention import build_attention
 from blocklab.model.mask import AttentionContext
-from blocklab.model.ffn import FFN, dropout_layer
+from blocklab.model.ffn import build_ffn, dropout_layer
 from blocklab.model.norm import PLACEMENTS, Placement, build_norm, is_masked
 
 
@@ -67,7 +67,7 @@ class Block(nn.Module):
         self.attn_residual = Residual(self.attn, **wrap)
         self.cross_attn = build_attention(cfg) if cross else None
         self.cross_residual = Residual(self.cross_attn, **wrap) if cross else None
-        self.ffn = FFN(cfg.d_model, cfg.d_ff, cfg.act.name, cfg.act.match_params, cfg.dropout, cfg.bias) if cfg.ffn else None
+        self.ffn = build_ffn(cfg) if cfg.ffn else None
         self.ffn_residual = Residual(self.ffn, **wrap) if cfg.ffn else None
 
     def forward(self, x: Tensor, ctx: AttentionContext, cross_ctx: AttentionContext | None = None,

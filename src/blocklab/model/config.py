@@ -1,4 +1,4 @@
-"""The model's configuration, mirrored by the yaml groups model/ norm/ pos/ attn/ act/ init/.
+"""The model's configuration, mirrored by the yaml groups model/ norm/ pos/ attn/ act/ ffn/ init/.
 
 Validation lives here, once: `ModelConfig.errors()` lists every problem as one line that names
 the offending key and the fix, before anything is built or written."""
@@ -8,7 +8,7 @@ from typing import Any
 
 from blocklab.errors import ConfigError
 from blocklab.model.attention import ATTENTION_KINDS
-from blocklab.model.ffn import ACTIVATIONS
+from blocklab.model.ffn import ACTIVATIONS, FFN_KINDS
 from blocklab.model.init import INIT_SCHEMES, scheme_errors
 from blocklab.model.norm import NORM_TYPES, PLACEMENTS, batch_size_errors, norm_name
 from blocklab.model.patterns import ATTENTION_PATTERNS
@@ -16,7 +16,7 @@ from blocklab.model.position import POSITION_SCHEMES
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors
 
-SUBGROUPS = ("norm", "pos", "attn", "act", "init")  # ModelConfig fields filled from their own yaml groups
+SUBGROUPS = ("norm", "pos", "attn", "act", "ffn_kind", "init")  # ModelConfig fields filled from their own yaml groups
 
 
 @dataclass
@@ -102,6 +102,14 @@ class ActConfig:
 
 
 @dataclass
+class FfnConfig:
+    """The `ffn` group: which FFN kind every block has (model.ffn=false: none at all)."""
+
+    name: str = "dense"  # ffn.name: ffn.FFN_KINDS
+    options: dict[str, Any] = field(default_factory=dict)  # the kind's own keyword arguments (experts, top_k...)
+
+
+@dataclass
 class InitConfig:
     name: str = "normal"
     std: float = 0.02
@@ -125,6 +133,7 @@ class ModelConfig:
     pos: PosConfig = field(default_factory=PosConfig)
     attn: AttnConfig = field(default_factory=AttnConfig)
     act: ActConfig = field(default_factory=ActConfig)
+    ffn_kind: FfnConfig = field(default_factory=FfnConfig)  # the `ffn` group (model.ffn is whether there is one)
     init: InitConfig = field(default_factory=InitConfig)
 
     def __post_init__(self):
@@ -156,16 +165,23 @@ class ModelConfig:
         softmax; else the kind."""
         return ATTENTION_KINDS[self.attn.kind].label(self)
 
+    @property
+    def ffn_label(self) -> str:
+        """What results.json records as `choices.ffn`: the FFN kind, or none where model.ffn=false removes it."""
+        return self.ffn_kind.name if self.ffn else "none"
+
     @classmethod
     def from_groups(cls, groups: dict, vocab_size: int, max_len: int) -> "ModelConfig":
-        """Build from the plain dicts of the yaml groups: model, norm, pos, attn, act, init. Keys no field
-        takes are a ConfigError naming the closest field (pos and attn pass theirs to the variant)."""
+        """Build from the plain dicts of the yaml groups: model, norm, pos, attn, act, ffn, init. Keys no field
+        takes are a ConfigError naming the closest field (pos, attn and ffn pass theirs to the variant). A
+        missing ffn group is the dense FFN."""
         unknown = [line for group in ("model", "norm", "act", "init")
                    for line in group_errors(group, groups[group]) if " is not a key of " in line]
         if unknown:
             raise ConfigError("\n".join(unknown))
         model = dict(groups["model"])
         pos = dict(groups["pos"])
+        ffn = dict(groups.get("ffn") or {})
         attn_fields = {f.name for f in fields(AttnConfig)} - {"options", "pattern_options"}
         attn = {k: v for k, v in groups["attn"].items() if k in attn_fields}
         extra = {k: v for k, v in groups["attn"].items() if k not in attn_fields}
@@ -179,6 +195,7 @@ class ModelConfig:
                           options=pos),
             attn=AttnConfig(**attn, options=attn_options, pattern_options=pattern_options),
             act=ActConfig(**groups["act"]),
+            ffn_kind=FfnConfig(name=ffn.pop("name", FfnConfig.name), options=ffn),
             init=InitConfig(**groups["init"]),
             **model,
         )
@@ -186,7 +203,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
         """Inverse of dataclasses.asdict (how runs save model.json)."""
-        parts = {"norm": NormConfig, "pos": PosConfig, "attn": AttnConfig, "act": ActConfig, "init": InitConfig}
+        parts = {"norm": NormConfig, "pos": PosConfig, "attn": AttnConfig, "act": ActConfig, "ffn_kind": FfnConfig,
+                 "init": InitConfig}
         return cls(**{k: parts[k](**v) if k in parts else v for k, v in data.items()})
 
     def position_options(self) -> dict:
@@ -212,7 +230,8 @@ class ModelConfig:
                 errs.append(registry.unknown(name))
         if not errs:  # the placement's and the init scheme's own constraints
             errs += PLACEMENTS[self.norm.placement].errors(self) + scheme_errors(self)
-        return errs + self._attention_errors() + self._position_errors(heads_divide=not self.d_model % self.n_heads)
+        return (errs + self._attention_errors() + self._ffn_errors()
+                + self._position_errors(heads_divide=not self.d_model % self.n_heads))
 
     def _fields_by_group(self) -> list[tuple[str, dict]]:
         """This config's fields as the yaml groups hold them, for the schema's checks."""
@@ -220,7 +239,15 @@ class ModelConfig:
                  if f.name not in ("vocab_size", "max_len", *SUBGROUPS)}
         attn = {key: getattr(self.attn, key) for key in SCHEMA["attn"].keys}
         return [("model", model), ("norm", asdict(self.norm)), ("attn", attn), ("act", asdict(self.act)),
-                ("init", asdict(self.init))]
+                ("ffn", {"name": self.ffn_kind.name}), ("init", asdict(self.init))]
+
+    def _ffn_errors(self) -> list[str]:
+        name = self.ffn_kind.name
+        if name not in FFN_KINDS:
+            return [FFN_KINDS.unknown(name)]
+        errs = FFN_KINDS.option_errors(name, self.ffn_kind.options, "ffn")
+        options = {**FFN_KINDS.options(name), **self.ffn_kind.options}
+        return errs or FFN_KINDS[name].errors(self, options)
 
     def _attention_errors(self) -> list[str]:
         errs, kv = [], self.attn.n_kv_heads

@@ -1,4 +1,5 @@
-"""Position-wise feed-forward networks: plain MLP(act) and gated GLU variants."""
+"""Position-wise feed-forward networks (`ffn.name`, a registry): `dense`, the plain MLP(act) or gated GLU(act) that
+`act` picks, and `moe` (model/moe.py), a mixture of such experts behind a router."""
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,7 +46,15 @@ def hidden_size(name: str, d_ff: int, match_params: bool) -> int:
     return ACTIVATIONS[name].hidden_size(d_ff, match_params)
 
 
+# The constructor arguments every kind gets from the model config; the rest are the kind's own options.
+COMMON_ARGS = ("d_model", "d_ff", "act", "match_params", "dropout", "bias")
+FFN_KINDS: Registry = Registry("ffn.name", framework_args=COMMON_ARGS)
+
+
+@FFN_KINDS.register("dense")
 class FFN(nn.Module):
+    """out_proj(act(in_proj(x))), or gated: out_proj(act(x W_gate) * (x W_up)) (Shazeer 2020)."""
+
     def __init__(self, d_model: int, d_ff: int, act: str = "gelu", match_params: bool = True,
                  dropout: float = 0.0, bias: bool = True):
         super().__init__()
@@ -64,3 +73,15 @@ class FFN(nn.Module):
         else:
             h = self.act(h)
         return self.out_proj(h if self.dropout is None else self.dropout(h))
+
+    @classmethod
+    def errors(cls, cfg, options: dict) -> list[str]:
+        """Constraints on the model config and this kind's options, one line each naming key and fix."""
+        return []
+
+
+def build_ffn(cfg) -> nn.Module:
+    """The configured FFN kind for one block of a ModelConfig."""
+    kind = FFN_KINDS[cfg.ffn_kind.name]
+    return kind(cfg.d_model, cfg.d_ff, cfg.act.name, cfg.act.match_params, cfg.dropout, cfg.bias,
+                **cfg.ffn_kind.options)

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType, grad_norm
 from torchmetrics import MeanMetric
 
 from blocklab.model import ModelConfig, build_model
+from blocklab.model.moe import load_and_drops, routed_layers, routing_summary
 from blocklab.tasks.base import IGNORE, model_inputs
 
 
@@ -61,6 +62,9 @@ class LitTransformer(L.LightningModule):
         self._window_tokens, self._window_time, self._step_start = 0, 0.0, 0.0
         self.last_train_loss = float("nan")
         self.target_loss, self.steps_to_target = target_loss, None
+        # MoE layers: their load-balancing loss joins the loss trained on (none for a dense model: no overhead).
+        self.routed = routed_layers(self.model)
+        self.routing: dict | None = None  # results.json `moe`, taken when training ends
         # results.json train_loss_curve: [step, mean training loss over the steps since the last point], about
         # CURVE_POINTS per run whatever its length (the report reads its early loss off it); the window carries on.
         self.train_loss_curve: list[list] = []
@@ -81,6 +85,7 @@ class LitTransformer(L.LightningModule):
 
     def on_fit_end(self):
         self._count_train_time()
+        self.routing = routing_summary(self.routed)  # before anything after training runs the model in train mode
 
     def on_save_checkpoint(self, checkpoint):
         self._count_train_time()  # a resume goes on from this checkpoint, and from the time spent up to it
@@ -110,9 +115,24 @@ class LitTransformer(L.LightningModule):
         # Lightning hands metrics to the logger only every log_every_n_steps, and self.log costs a
         # noticeable part of a small step (`python -m blocklab.bench overhead` times what Lightning
         # adds); so log exactly when it would be written (and always a blown-up loss).
-        if self.trainer._logger_connector.should_update_logs or not torch.isfinite(loss):
+        log = self.trainer._logger_connector.should_update_logs or not torch.isfinite(loss)
+        if log:
             self.log("train/loss", loss, prog_bar=True)
+        if self.routed:
+            return self._with_aux_loss(loss, log)
         return loss
+
+    def _with_aux_loss(self, loss, log: bool) -> dict:
+        """The task loss plus every MoE layer's weighted balancing loss (Switch eq. 4). train/loss and
+        results' final_train_loss stay the task loss, comparable with dense runs; train/aux_loss is the term added."""
+        aux = sum(layer.weighted_aux_loss() for layer in self.routed)
+        if log:
+            self.log("train/aux_loss", aux)
+            for i, layer in enumerate(self.routed):
+                load, dropped = load_and_drops(layer.last_routed, layer.last_dropped)
+                self.log_dict({f"moe/layer{i}/dropped": dropped,
+                               **{f"moe/layer{i}/load_expert{e}": share for e, share in enumerate(load)}})
+        return {"loss": loss + aux, "task_loss": loss.detach()}
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         elapsed = time.perf_counter() - self._step_start
@@ -121,7 +141,7 @@ class LitTransformer(L.LightningModule):
         self.step_time_s += elapsed
         self._window_tokens += tokens
         self._window_time += elapsed
-        self.last_train_loss = float(outputs["loss"])
+        self.last_train_loss = float(outputs.get("task_loss", outputs["loss"]))
         if self.target_loss is not None and self.steps_to_target is None and self.last_train_loss < self.target_loss:
             self.steps_to_target = self.global_step
         self._loss_window = [self._loss_window[0] + self.last_train_loss, self._loss_window[1] + 1]

@@ -15,7 +15,7 @@ def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true")
     """What was run, named by what the model computes (field overrides included)."""
     return {
         "norm": model_cfg.norm.name, "pos": model_cfg.pos.name, "act": model_cfg.act.name,
-        "attn": model_cfg.attn_label, "init": model_cfg.init.name,
+        "attn": model_cfg.attn_label, "init": model_cfg.init.name, "ffn": model_cfg.ffn_label,
         "n_heads": model_cfg.n_heads, "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model, "seed": seed,
         "n_kv_heads": model_cfg.attn.n_kv_heads or model_cfg.n_heads, "d_ff": model_cfg.d_ff,
         "norm_type": model_cfg.norm.type, "norm_placement": model_cfg.norm.placement,
@@ -69,6 +69,8 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "eval": rows,
         "decode": decode_stats(lit.model, task),
         "costs": costs(lit.model, task),
+        # MoE: each expert's share of the training assignments and the fraction dropped, per layer (null: no MoE).
+        "moe": lit.routing,
     }
     # Whether the task was learned on the training lengths at all (null for a task without exact match):
     # below results.LEARNED_THRESHOLD the summary warns that the lengths beyond training say little.
