@@ -1,0 +1,131 @@
+"""study.pack_seeds=true: a sweep's jobs that differ only in their seed train together as one pack
+(train/pack.py). Hydra's basic launcher runs a sweep's jobs one after another in one process; the first job of
+such a group to run trains every seed of the group that is not finished, into the directories Hydra gives those
+jobs (the job's override_dirname with its seed changed, named by Hydra's own function), and the group's later
+jobs find their results and are skipped as any finished job is.
+
+Not packed, each seed then running as its own job, as without the option (one note line says why): DDP or
+several devices, an accelerator other than the CPU, a precision other than 32-true, another Hydra launcher
+(joblib, submitit: jobs run side by side), a seed group's members resuming from different steps, and models
+whose members would not compute alone what they compute packed (train/grouped.py checks every pack on its first
+batches: e.g. BatchNorm's statistics over the batch, MoE's routing, performer's and linformer's parameters
+used outside linear, embedding and norm layers)."""
+import copy
+import sys
+from pathlib import Path
+from typing import Callable
+
+from hydra._internal.config_loader_impl import get_overrides_dirname
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from blocklab.errors import ConfigError
+from blocklab.overrides import command_line_overrides
+from blocklab.results import previous_status, swept_overrides
+from blocklab.train.sweep import FINAL_STATUSES, in_sweep, sweep_tags_and_group
+
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
+def packed_or_alone(alone: Callable[[DictConfig], float | None]) -> Callable[[DictConfig], float | None]:
+    """A sweep job's training: with study.pack_seeds, its seed group as one pack; otherwise `alone(cfg)`."""
+
+    def train(cfg: DictConfig) -> float | None:
+        if not (in_sweep() and (cfg.get("study") or {}).get("pack_seeds")):
+            return alone(cfg)
+        members = seed_group(cfg)
+        if isinstance(members, str):
+            print(f"note: study.pack_seeds: {members}; this seed runs as its own job", file=sys.stderr)
+            return alone(cfg)
+        if len(members) == 1:
+            return alone(cfg)  # the group's other seeds are finished (or resume elsewhere): nothing to pack
+        from blocklab.train.pack import train_pack  # torch-heavy; only where a pack is asked for
+
+        cfgs, overrides = zip(*members)
+        group = sweep_tags_and_group(OmegaConf.to_container(cfg, resolve=True))
+        groupings = [{**group, "tags": [t[:64] for t in swept_overrides(o)]} if group else {} for o in overrides]
+        results = train_pack(list(cfgs), list(overrides), groupings)
+        if isinstance(results, str):
+            print(f"note: study.pack_seeds: this model cannot be packed ({results}); its seeds run as separate "
+                  "jobs", file=sys.stderr)
+            return alone(cfg)
+        mine = next(r for c, r in zip(cfgs, results) if Path(c.run_dir) == Path(cfg.run_dir))
+        return mine["final_val_loss"]
+
+    return train
+
+
+def refusal(groups: dict, launcher: str | None) -> str | None:
+    """Why a job's config (and Hydra's launcher) trains its seeds one after another even with study.pack_seeds
+    (None: it can pack)."""
+    trainer = groups["trainer"]
+    if trainer.get("strategy") not in (None, "auto") or trainer.get("devices", 1) not in (1, "auto") \
+            or trainer.get("num_nodes", 1) != 1:
+        return "a pack trains in one process on one device (DDP and several devices are not packed)"
+    if trainer.get("accelerator", "cpu") not in ("cpu", "auto"):
+        return f"a pack trains on the CPU (trainer.accelerator={trainer['accelerator']})"
+    if str(trainer.get("precision", "32-true")) not in ("32-true", "32"):
+        return f"a pack trains in float32 (trainer.precision={trainer['precision']})"
+    if launcher != BASIC_LAUNCHER:
+        return f"packing needs Hydra's basic launcher, which runs the jobs one after another (not {launcher})"
+    return None
+
+
+def sweep_jobs_now() -> list[list[str]]:
+    """Every job's overrides, as Hydra's basic sweeper made them for this launch (blocklab.overrides.sweep_jobs,
+    from inside a running job: the sweep file's hydra.sweeper.params, then the command line)."""
+    params = HydraConfig.get().sweeper.get("params") or {}
+    lines = [f"{key}={value}" for key, value in params.items()] + command_line_overrides(sys.argv[1:])
+    parsed = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
+    parsed = [o for o in parsed if not o.is_hydra_override()]  # hydra.sweep.dir=...: Hydra's, not a job's
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, max_batch_size=None) for job in batch]
+
+
+def _key(line: str) -> str:
+    return line.partition("=")[0]
+
+
+def job_dirname(overrides: list[str]) -> str:
+    """The directory name Hydra gives a job with these overrides (hydra.job.override_dirname)."""
+    naming = HydraConfig.get().job.config.override_dirname
+    return get_overrides_dirname(OverridesParser.create().parse_overrides(overrides), list(naming.exclude_keys),
+                                 naming.item_sep, naming.kv_sep)
+
+
+def seed_group(cfg: DictConfig) -> list[tuple[DictConfig, list[str]]] | str:
+    """The jobs of this sweep that differ from this one only in their seed, unfinished and resuming from this
+    job's step, as (config, overrides), in the sweep's order; or why this job trains alone."""
+    from blocklab.train.pack import prepared
+
+    groups = OmegaConf.to_container(cfg, resolve=True)
+    reason = refusal(groups, HydraConfig.get().launcher.get("_target_"))
+    if reason:
+        return reason
+    mine = list(HydraConfig.get().overrides.task)
+    if not any(_key(o) == "seed" for o in mine):
+        return "the sweep does not vary seed"
+    rest = sorted(o for o in mine if _key(o) != "seed")
+    jobs = [job for job in sweep_jobs_now() if sorted(o for o in job if _key(o) != "seed") == rest]
+    dirname, run_dir = HydraConfig.get().job.override_dirname, str(cfg.run_dir)
+    if sorted(mine) not in [sorted(job) for job in jobs] or job_dirname(mine) != dirname \
+            or not run_dir.endswith(dirname):
+        return "its seeds' directories cannot be told from Hydra's naming here (hydra.sweep.subdir changed?)"
+    start = prepared(cfg).start_step
+    members = []
+    for job in jobs:
+        member = copy.deepcopy(cfg)
+        seed = OverridesParser.create().parse_override(next(o for o in job if _key(o) == "seed")).value()
+        member.seed, member.run_dir = seed, run_dir[:len(run_dir) - len(dirname)] + job_dirname(job)
+        if Path(member.run_dir) != Path(run_dir):
+            if previous_status(Path(member.run_dir)) in FINAL_STATUSES:
+                continue
+            try:
+                if prepared(member).start_step != start:
+                    continue  # it resumes from another step: it trains on its own turn
+            except ConfigError:
+                continue  # its own turn records why it cannot run
+        members.append((member, job))
+    return members

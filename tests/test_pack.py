@@ -1,0 +1,335 @@
+"""Seeds trained together (train/pack.py, grouped.py, pack_state.py, pack_jobs.py): a pack of one is a plain run
+bit for bit; a packed member's per-step losses are its run alone's to float32 round-off; clipping, divergence
+and results are per member; checkpoints are Lightning's; a sweep with study.pack_seeds writes where the
+sequential sweep writes, skips what the pack finished, and resumes after SIGTERM to the same results."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from blocklab.results import read_results
+from blocklab.schema import schema_errors
+from blocklab.train.grouped import GroupedModel, fold
+from blocklab.train.pack import Pack, pack_of, train_pack
+from blocklab.train.pack_jobs import BASIC_LAUNCHER, refusal
+from conftest import FAST, ROOT, compose_config, run_in_process
+
+QUIET = ["logger=none", "diagnostics=none", "task.eval_examples=16", "task.eval_lengths=[4,16,20]"]
+
+
+def cfgs(tmp_path, overrides: list[str], seeds=(0, 1, 2), tag="p"):
+    return [compose_config([*overrides, f"seed={s}"], tmp_path / f"{tag}{s}") for s in seeds]
+
+
+def history(pack: Pack) -> torch.Tensor:
+    return torch.tensor(pack.history)  # (steps, members)
+
+
+def weights(run_dir) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+def measured(results: dict) -> dict:
+    """What a run measured of its model (not how long it took)."""
+    keep = ("status", "steps", "final_train_loss", "final_val_loss", "train_loss_curve", "eval", "steps_to_target_loss",
+            "diverged_at_step", "params")
+    return {key: results[key] for key in keep}
+
+
+def alone_losses(tmp_path, overrides, seeds=(0, 1, 2)) -> torch.Tensor:
+    """Each seed's per-step losses trained alone (a pack of one: a plain run, bit for bit, as tested below)."""
+    runs = []
+    for seed in seeds:
+        pack = pack_of(cfgs(tmp_path, overrides, (seed,), tag="alone"))
+        pack.run()
+        runs.append(history(pack)[:, 0])
+    return torch.stack(runs, dim=1)
+
+
+# ------------------------------------------------------------------------------------------ a pack of one
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_a_pack_of_one_is_a_plain_run_bit_for_bit(tmp_path, dropout):
+    overrides = [*FAST, f"model.dropout={dropout}"]
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    run_in_process(overrides, plain)
+    train_pack([compose_config(overrides, packed)])
+    a, b = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False) for d in (plain, packed))
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    sa, sb = a["optimizer_states"][0], b["optimizer_states"][0]
+    assert sa["param_groups"] == sb["param_groups"] and sa["state"].keys() == sb["state"].keys()
+    assert all(torch.equal(sa["state"][i][key], sb["state"][i][key]) for i in sa["state"] for key in sa["state"][i])
+    assert a["lr_schedulers"] == b["lr_schedulers"] and a["global_step"] == b["global_step"] == 20
+    ra, rb = read_results(plain), read_results(packed)
+    for key in ("status", "steps", "final_train_loss", "final_val_loss", "train_loss_curve", "eval", "params",
+                "steps_to_target_loss", "choices"):
+        assert ra[key] == rb[key], key
+    assert ra["diagnostics"]["end"]["layers"] == rb["diagnostics"]["end"]["layers"]
+    assert rb["pack"] == {"members": 1, "seeds": [0]}
+
+
+# ------------------------------------------------------------------------------------------ packed = alone
+
+ARCHS = {"mha-rope": ["attn=mha", "pos=rope"], "gqa-alibi": ["attn=gqa", "pos=alibi"],
+         "gqa-learned-rms": ["attn=gqa", "pos=learned", "norm=pre_rms"]}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_members_train_as_each_seed_alone(tmp_path, arch):
+    """20 steps: per-step training losses agree to float32 round-off (members' batches differ in width, so the
+    pack pads them; matmuls run batched)."""
+    overrides = [*QUIET, *ARCHS[arch], "trainer.max_steps=20", "trainer.val_check_interval=20"]
+    pack = pack_of(cfgs(tmp_path, overrides))
+    pack.run()
+    packed, alone = history(pack), alone_losses(tmp_path, overrides)
+    assert packed.shape == alone.shape == (20, 3)
+    assert torch.allclose(packed, alone, rtol=1e-5, atol=0)
+    assert (alone[-1] - alone[-1].mean()).abs().max() > 1e-3  # the seeds do differ: members are not one run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["mha-rope", "gqa-alibi"])
+def test_packed_members_match_alone_over_200_steps_and_in_their_metrics(tmp_path, arch):
+    """Round-off grows as training amplifies it (about 1e-6 relative at step 50, 1e-4 by step 200, measured),
+    far below the seeds' own spread; final metrics agree within seed noise."""
+    overrides = [*QUIET, *ARCHS[arch], "trainer.max_steps=200", "trainer.val_check_interval=200"]
+    pack = pack_of(cfgs(tmp_path, overrides))
+    pack.run()
+    packed, alone = history(pack), alone_losses(tmp_path, overrides)
+    assert torch.allclose(packed, alone, rtol=1e-3, atol=0)
+    spread = (alone[-20:].mean(0) - alone[-20:].mean()).abs().max()
+    assert (packed[-20:].mean(0) - alone[-20:].mean(0)).abs().max() < 0.1 * spread
+    for seed in range(3):
+        a, b = read_results(tmp_path / f"alone{seed}"), read_results(tmp_path / f"p{seed}")
+        assert b["final_val_loss"] == pytest.approx(a["final_val_loss"], rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------------ per member
+
+def test_each_member_is_clipped_by_its_own_gradient_norm(tmp_path):
+    """One member's gradient norm above the limit, one below: each is clipped as clip_grad_norm_ clips it alone."""
+    pack = pack_of(cfgs(tmp_path, [*QUIET, "trainer.max_steps=2"], seeds=(0, 1)))
+    pack.open()
+    params = [pack.grouped.params[name] for name in pack.order]
+    torch.manual_seed(0)
+    grads = [torch.randn_like(p) for p in params]
+    for g in grads:
+        g[0] *= 10.0 / len(grads) ** 0.5  # member 0: norm ~ 10 x sqrt(size) >> 1
+        g[1] *= 1e-4  # member 1: norm << 1
+    expected = []
+    for k in range(2):
+        alone = [torch.nn.Parameter(g[k].clone()) for g in grads]
+        for p, g in zip(alone, grads):
+            p.grad = g[k].clone()
+        before = torch.nn.utils.clip_grad_norm_(alone, 1.0)
+        expected.append(([p.grad for p in alone], float(before)))
+    assert expected[0][1] > 1.0 > expected[1][1]
+    pack._clip(grads, 1.0)
+    for k in range(2):
+        assert all(torch.equal(g[k], e) for g, e in zip(grads, expected[k][0]))
+    assert float(torch.linalg.vector_norm(torch.stack([g[0].norm() for g in grads]))) == pytest.approx(1.0, rel=1e-5)
+
+
+def diverge_at(member: int, step: int):
+    """A Pack.train_step that, after `step`, sets one member's parameters to NaN: its next loss is not finite."""
+    original = Pack.train_step
+
+    def train_step(self, s):
+        losses = original(self, s)
+        if s + 1 == step:
+            with torch.no_grad():
+                for p in self.grouped.params.values():
+                    p[member] = float("nan")
+        return losses
+
+    return train_step
+
+
+def test_one_member_diverging_leaves_the_others_exactly_as_they_were(tmp_path, monkeypatch):
+    overrides = [*QUIET, "trainer.max_steps=16", "trainer.val_check_interval=16", "checkpoint_every=100"]
+    calm = pack_of(cfgs(tmp_path, overrides, tag="calm"))
+    calm.run()
+    monkeypatch.setattr(Pack, "train_step", diverge_at(member=1, step=6))
+    stormy = pack_of(cfgs(tmp_path, overrides, tag="stormy"))
+    stormy.run()
+    a, b = history(calm), history(stormy)
+    assert torch.equal(a[:, [0, 2]], b[:, [0, 2]])  # bit for bit: nothing of member 1 reached them
+    assert torch.equal(a[:6, 1], b[:6, 1]) and b[6:, 1].isnan().all()
+    for seed in (0, 2):
+        assert measured(read_results(tmp_path / f"calm{seed}")) == measured(read_results(tmp_path / f"stormy{seed}"))
+        assert all(torch.equal(x, y) for x, y in zip(weights(tmp_path / f"calm{seed}").values(),
+                                                      weights(tmp_path / f"stormy{seed}").values()))
+    diverged = read_results(tmp_path / "stormy1")
+    assert diverged["status"] == "diverged" and diverged["diverged_at_step"] == diverged["steps"] == 7
+    assert torch.load(tmp_path / "stormy1" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 7
+
+
+# ------------------------------------------------------------------------------------------ what is not packed
+
+@pytest.mark.parametrize("overrides, why", [(["norm=pre_bn"], "batch_norm"), (["attn=performer"], "random_features")])
+def test_models_whose_members_would_mix_are_not_packed_and_nothing_is_written(tmp_path, overrides, why):
+    reason = train_pack(cfgs(tmp_path, [*QUIET, *overrides], seeds=(0, 1)))
+    assert isinstance(reason, str) and why in reason
+    assert not list(tmp_path.rglob("*.json")) and not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_grouped_linear_embedding_and_norms_compute_each_members_own():
+    """Against each member's own module, on the members' rows laid end to end (and on one row all members share,
+    as a position table is looked up)."""
+    torch.manual_seed(0)
+    layers = {"linear": torch.nn.Linear(5, 3), "embedding": torch.nn.Embedding(7, 4), "layer_norm": torch.nn.LayerNorm(5),
+              "rms_norm": torch.nn.RMSNorm(5)}
+    for name, layer in layers.items():
+        members = [_fresh(layer) for _ in range(3)]
+        grouped = GroupedModel(members)
+        x = torch.randint(7, (6, 2)) if name == "embedding" else torch.randn(6, 2, 5)
+        expected = torch.cat([m(x[2 * k:2 * k + 2]) for k, m in enumerate(members)])
+        assert torch.allclose(grouped.apply(x), expected, atol=1e-6), name
+        if name in ("linear", "embedding"):  # a row shared by the batch: each member's result on each of its rows
+            grouped = GroupedModel([FirstRow(m) for m in members])
+            expected = torch.cat([m(x[:1]).expand(2, *m(x[:1]).shape[1:]) for m in members])
+            assert torch.allclose(grouped.apply(x), expected, atol=1e-6), name
+
+
+class FirstRow(torch.nn.Module):
+    """A layer applied to the batch's first row alone (as a position table to one row of positions)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x[:1])
+
+
+def _fresh(layer: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `layer` with every parameter drawn anew (so members differ)."""
+    import copy
+
+    member = copy.deepcopy(layer)
+    for p in member.parameters():
+        torch.nn.init.normal_(p)
+    return member
+
+
+def test_fold_right_pads_each_members_batch_as_the_task_pads():
+    a = {"input": torch.ones(2, 3, dtype=torch.long), "target": torch.ones(2, 3, dtype=torch.long),
+         "valid": torch.ones(2, 3, dtype=torch.bool)}
+    b = {key: value[:, :1] for key, value in a.items()}
+    folded = fold([a, b], pad_id=9)
+    assert folded["input"][2:].tolist() == [[1, 9, 9]] * 2 and folded["target"][2:].tolist() == [[1, -100, -100]] * 2
+    assert folded["valid"][2:].tolist() == [[True, False, False]] * 2 and folded["input"][:2].tolist() == a["input"].tolist()
+
+
+def test_configs_that_cannot_pack_say_why():
+    base = compose_config(QUIET)
+    groups = {"trainer": dict(base.trainer)}
+    assert refusal(groups, BASIC_LAUNCHER) is None
+    assert "DDP" in refusal({"trainer": {**groups["trainer"], "strategy": "ddp", "devices": 2}}, BASIC_LAUNCHER)
+    assert "float32" in refusal({"trainer": {**groups["trainer"], "precision": "bf16-mixed"}}, BASIC_LAUNCHER)
+    assert "basic launcher" in refusal(groups, "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher")
+
+
+def test_pack_seeds_must_be_a_boolean():
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(compose_config(QUIET), resolve=True) | {"study": {"name": "x", "pack_seeds": "yes"}}
+    assert "study.pack_seeds='yes' must be true (train each setting's seeds together) or false" in schema_errors(config)
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+def interrupt_at(step: int):
+    """A Pack.train_step that raises the flag SIGTERM raises, after `step`."""
+    original = Pack.train_step
+
+    def train_step(self, s):
+        losses = original(self, s)
+        if s + 1 == step:
+            self.interrupted = True
+        return losses
+
+    return train_step
+
+
+def test_a_packed_checkpoint_resumes_as_a_plain_run(tmp_path, monkeypatch):
+    """Interrupted, a pack of one leaves a checkpoint Lightning resumes from, ending bit for bit where a plain
+    run ends: weights, optimizer, schedule, loop counters, totals and random state all carried."""
+    overrides = [*FAST, "model.dropout=0.2", "checkpoint_every=5"]
+    interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
+    monkeypatch.setattr(Pack, "train_step", interrupt_at(12))
+    with pytest.raises(SystemExit, match="143"):
+        train_pack([compose_config(overrides, interrupted)])
+    assert torch.load(interrupted / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 12
+    assert not (interrupted / "results.json").exists()
+    run_in_process(overrides, interrupted)  # Lightning, from the pack's checkpoint
+    run_in_process(overrides, straight)
+    assert measured(read_results(interrupted)) == measured(read_results(straight))
+    assert all(torch.equal(a, b) for a, b in zip(weights(interrupted).values(), weights(straight).values()))
+
+
+# ------------------------------------------------------------------------------------------ in a sweep
+
+def sweep(sweep_dir, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), "-m", "sweep=causal_mask", "seed=0,1", "attn.causal=true",
+            "trainer.max_steps=60", "trainer.val_check_interval=30", "checkpoint_every=10", "task.eval_examples=16",
+            "diagnostics=none", f"hydra.sweep.dir={sweep_dir}", *extra]
+
+
+def finished(sweep_dir) -> dict:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/results.json"))}
+
+
+def test_a_packed_sweep_writes_each_seed_where_the_sequential_sweep_does_and_resumes_after_sigterm(tmp_path):
+    env = {**os.environ, "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    run = lambda cmd: subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # noqa: E731
+    sequential, packed, interrupted = tmp_path / "sequential", tmp_path / "packed", tmp_path / "interrupted"
+    done = run(sweep(sequential, "logger=none"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = run(sweep(packed, "logger=wandb", "study.pack_seeds=true"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "train seeds 0,1" in done.stdout and done.stdout.count("skip ") == 1  # the second job: done by the first
+    alone, together = finished(sequential), finished(packed)
+    assert alone.keys() == together.keys() and len(together) == 2  # the same directories: pack_seeds names no job
+    for name, results in together.items():
+        assert results["status"] == "completed" and results["pack"] == {"members": 2, "seeds": [0, 1]}
+        assert results["final_train_loss"] == pytest.approx(alone[name]["final_train_loss"], rel=1e-4)
+        assert "study.pack_seeds=True" in results["overrides"] and f"seed={results['choices']['seed']}" in \
+            results["overrides"]
+        run_dir = packed / name
+        assert (run_dir / ".hydra" / "overrides.yaml").read_text().count(f"seed={results['choices']['seed']}") == 1
+        assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1  # each member its own W&B run
+    # W&B: seed 1's run (trained by seed 0's job) is tagged and grouped as its own job would be.
+    run_1 = next(packed.glob("*seed=1*/wandb/offline-run-*"))
+    wandb_cli = shutil.which("wandb", path=str(Path(sys.executable).parent))
+    summary = json.loads(subprocess.run([wandb_cli, "leet", "inspect", "--summary", "--json", str(run_1)],
+                                        capture_output=True, text=True, timeout=120).stdout)
+    assert "seed=1" in summary["tags"] and "attn.causal=True" in summary["tags"] and summary["config"]["seed"] == 1
+    records = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(run_1)], capture_output=True, text=True,
+                             timeout=120).stdout
+    assert '"job_type":"copy"' in records and '"run_group":"causal_mask-' in records
+
+    proc = subprocess.Popen(sweep(interrupted, "logger=none", "study.pack_seeds=true"), cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list(interrupted.glob("*/checkpoints/last.ckpt")) and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and "Run the same command again to resume" in err, err[-2000:]
+    assert not finished(interrupted) and len(list(interrupted.glob("*/checkpoints/last.ckpt"))) == 2
+    resumed = run(sweep(interrupted, "logger=none", "study.pack_seeds=true"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.stdout.count("resuming") == 2
+    again = finished(interrupted)
+    keep = ("status", "steps", "final_train_loss", "final_val_loss", "eval", "train_loss_curve")
+    assert {n: {k: r[k] for k in keep} for n, r in again.items()} == \
+        {n: {k: r[k] for k in keep} for n, r in together.items()}
