@@ -14,6 +14,7 @@ FIELDS = {
     "attention": set(),
     "decode": {"new_tokens"},
     "activations": set(),
+    "pack": {"seeds"},
 }
 ROW_FIELDS = {
     "step": {"axis", "variant", "ms", "tokens_per_s", "gflop_per_step", "peak_fraction", "vs_nope"},
@@ -22,6 +23,7 @@ ROW_FIELDS = {
     "attention": {"length", "pos", "path", "ms", "peak_mb"},
     "decode": {"attn", "mode", "ms", "tokens_per_s", "kv_cache_bytes"},
     "activations": {"act", "ms", "vs_fastest"},
+    "pack": {"seeds", "ms_per_step", "ms_per_seed_step", "vs_one_seed"},
 }
 
 

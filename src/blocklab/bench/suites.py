@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from blocklab.bench.attention import attention
+from blocklab.bench.pack import pack
 from blocklab.bench.common import (PlainLoop, attn_presets, baby, baby_choice, baby_config, baby_optim, batches,
                                    interleaved, matmul_peak_gflops, nanogpt_step, train_flops, verdict)
 from blocklab.model import build_model
@@ -304,7 +305,7 @@ def activations(size: str = "full") -> dict:
 
 
 BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
-              "activations": activations}
+              "activations": activations, "pack": pack}
 
 
 def to_json(results: dict) -> str:

@@ -197,9 +197,12 @@ class Pack:
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-        for k, m in enumerate(self.members):
-            if m.results is None:
-                self._finish(k, self.total)
+        finished = [k for k, m in enumerate(self.members) if m.results is None]
+        for k in finished:  # training ends now for all of them, whoever is evaluated first
+            self.members[k].lit._count_train_time()
+        for k in finished:
+            self.members[k].lit._clock = time.perf_counter()
+            self._finish(k, self.total)
         return [m.results for m in self.members]
 
     def train_step(self, step: int) -> list[float]:
