@@ -59,10 +59,16 @@ def test_every_measured_head_lies_within_the_bounds(copy_task, placement, pos):
             assert bound is None  # the theorem does not cover post-norm inputs or position biases
 
 
-def test_prenorm_bound_is_tight_for_tiny_weights(copy_task):
-    m = model(copy_task, init=InitConfig("normal", std=1e-4))  # scores ~ 0: attention ~ uniform, bound ~ 1
-    layer = forward_stats(m, copy_task.probe_batch(4))["layers"][0]
-    assert max(layer["spectral_prenorm_bound"]) < 1.01
+def test_prenorm_bound_is_tight_for_tiny_weights_under_the_causal_mask(copy_task):
+    """Scores ~ 0: each query spreads evenly over its i + 1 keys, the first key's column sums to the harmonic number
+    H_n, and the bound is sqrt(H_n); the unmasked formula's 1 would be below the measured norm."""
+    m = model(copy_task, init=InitConfig("normal", std=1e-4))
+    stats = forward_stats(m, copy_task.probe_batch(4))
+    layer, n = stats["layers"][0], stats["n_keys"]
+    harmonic = sum(1 / k for k in range(1, n + 1))
+    assert layer["spectral_prenorm_bound"] == pytest.approx([math.sqrt(harmonic)] * 4, rel=1e-3)
+    assert metrics.prenorm_bound(n, 0.0) < 1.01 < min(layer["spectral_norm_max"])
+    assert all(s <= b for s, b in zip(layer["spectral_norm_max"], layer["spectral_prenorm_bound"]))
 
 
 def test_relative_residual_is_zero_for_rank_one_and_positive_otherwise():

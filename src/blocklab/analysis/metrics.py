@@ -21,6 +21,19 @@ def prenorm_bound(n_keys: int, max_score: float) -> float:
     return math.sqrt(n_keys / (1 + (n_keys - 1) * math.exp(-2 * max_score)))
 
 
+def prenorm_bound_masked(support: Tensor, max_score: Tensor) -> Tensor:
+    """The same bound for attention under a mask (causal, a sparse pattern, padding), by the seed's own steps:
+    query i attends to its n_i allowed keys, so A_ij <= a_i = 1 / (1 + (n_i - 1) exp(-2M)), and
+    ||A||_2 <= sqrt(max column sum) <= sqrt(max_j sum_{i allows j} a_i). With every key allowed this is
+    prenorm_bound; a causal mask at M = 0 gives sqrt(H_n) (harmonic number), not 1: the uniform causal matrix
+    is not column-stochastic. support (B, H, Tq, Tk) bool: the keys each query may attend to; max_score (H,):
+    M per head. Returns the bound per head over the batch, (H,)."""
+    n = support.sum(-1).clamp_min(1).double()  # (B, H, Tq)
+    alpha = 1 / (1 + (n - 1) * torch.exp(-2 * max_score.double())[None, :, None])
+    columns = (support.double() * alpha[..., None]).sum(-2)  # (B, H, Tk)
+    return columns.amax(dim=(0, 2)).sqrt()
+
+
 def attention_entropy(weights: Tensor, rows: Tensor | None = None) -> Tensor:
     """Mean entropy (nats) of each head's attention rows: (H,). rows (B, Tq) bool: average over these only."""
     return _row_mean(-(weights * weights.clamp_min(1e-12).log()).sum(-1), rows)

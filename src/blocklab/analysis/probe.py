@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from blocklab.analysis import metrics
+from blocklab.analysis import activations, metrics
 from blocklab.model.norm import bounds_token_length
 from blocklab.tasks.base import IGNORE, model_inputs
 
@@ -53,6 +53,10 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
     hooks = [b.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, out)) for i, b in enumerate(blocks)]
     hooks += [b.ffn.out_proj.register_forward_pre_hook(lambda m, a, i=i: hidden.__setitem__(i, a[0]))
               for i, b in enumerate(blocks) if hasattr(b.ffn, "out_proj")]  # MoE: one hidden per expert, no sparsity
+    pre = {}  # pre-activations of the dense FFNs (gated: the gate's half, which FFN.forward chunks first)
+    hooks += [b.ffn.in_proj.register_forward_hook(
+        lambda m, a, out, i=i, gated=b.ffn.gated: pre.__setitem__(i, out.chunk(2, dim=-1)[0] if gated else out))
+        for i, b in enumerate(blocks) if hasattr(b.ffn, "in_proj") and hasattr(b.ffn, "act")]
     try:
         _, weights = model(batch["input"], need_weights=True, **model_inputs(batch))
     finally:
@@ -76,8 +80,9 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             "spectral_norm": norms.mean(0).tolist(),
             "spectral_norm_max": norms.amax(0).tolist(),
             "spectral_generic_bound": list(metrics.generic_bounds(n_keys)),
+            # under the mask the model applied (causal, pattern, padding): the keys each query attends to
             "spectral_prenorm_bound": None if score_bounds is None else
-            [metrics.prenorm_bound(n_keys, m) for m in score_bounds],
+            metrics.prenorm_bound_masked(w > 0, torch.tensor(score_bounds)).tolist(),
             "attention_entropy": metrics.attention_entropy(w).tolist(),
             "attention_distance": metrics.attention_distance(w).tolist(),
             **_answer_rows(w, answer),
@@ -86,12 +91,23 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             "relative_residual": metrics.relative_residual(x, valid),
             "activation_rms": metrics.rms(x[valid]),
             "ffn_sparsity": metrics.sparsity(hidden[i][valid], sparsity_eps) if i in hidden else None,
+            **_ffn_off(pre.get(i), valid, block),
         })
     stats = {"n_keys": weights[0].shape[-1], "embedding_relative_residual": metrics.relative_residual(embedded, valid),
              "embedding_rms": metrics.rms(embedded[valid]), "layers": layers}
     if keep_weights:
         stats["weights"] = [w[0].float() for w in weights]  # first example, for the heatmaps
     return stats
+
+
+def _ffn_off(pre, valid, block) -> dict:
+    """Units in their activation's flat tail (analysis/activations.py): the fraction of (token, unit) pairs, and the
+    units off on every real probe token (dead over the probe batch)."""
+    if pre is None:
+        return {}
+    off, dead = activations.off_fraction_and_dead(pre[valid].double(), block.ffn.act)
+    return {"ffn_off": off, "ffn_dead": dead, "ffn_units": pre.shape[-1],
+            "ffn_off_level": activations.off_level(block.ffn.act)}
 
 
 def _answer_rows(w, answer) -> dict:
