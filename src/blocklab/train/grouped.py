@@ -13,6 +13,8 @@ mixes rows of different members (statistics over the batch, a balancing loss) is
 This is what torch.func.vmap would do, at the cost of a single model's operation count: vmap has no CPU
 batching rule for scaled_dot_product_attention (it loops over members) and refuses the model's
 data-dependent checks (is there padding?)."""
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,29 +28,48 @@ class Unpackable(Exception):
     """A model does something with a stacked parameter that has no grouped form here."""
 
 
-class Grouped(TorchFunctionMode):
-    """Within it, calls that read one of the `stacked` (K, ...) parameters run per member over an input whose
-    first dimension is `rows` (K members' rows laid end to end) or 1 (shared by all rows)."""
+class Stacked(Tensor):
+    """K members' values of one parameter on a new first dimension. Outside a grouped pass a plain tensor, as an
+    nn.Parameter is (optimizer, clipping, checkpoints pay nothing); inside one, the calls given one of these (and
+    only those: calls on activations alone stay in C++) run per member or raise Unpackable."""
 
-    def __init__(self, stacked, k: int, rows: int):
-        super().__init__()
-        self.ids = {id(t) for t in stacked}
-        self.k, self.rows = k, rows
-        self.derived: list[Tensor] = []  # stacked views made inside (kept alive: their ids stay theirs)
+    __torch_function__ = torch._C._disabled_torch_function_impl
 
-    def _touched(self, args, kwargs) -> bool:
-        ids = self.ids
-        for arg in (*args, *kwargs.values()):
-            if id(arg) in ids or (type(arg) in (list, tuple) and any(id(a) in ids for a in arg)):
-                return True
-        return False
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not self._touched(args, kwargs):
-            return func(*args, **kwargs)
+def _grouped_call(cls, func, types, args=(), kwargs=None):
+    """Stacked.__torch_function__ while a grouped pass runs."""
+    kwargs = kwargs or {}
+    with torch._C.DisableTorchFunctionSubclass():  # results are plain tensors; no recursion
         if func in HARMLESS:
             return func(*args, **kwargs)
+        return Grouped.running.call(func, args, kwargs)
+
+
+def stacked(values: Tensor) -> Stacked:
+    """A leaf parameter (K, ...) that grouped passes read per member."""
+    return Tensor._make_subclass(Stacked, values, True)
+
+
+class Grouped:
+    """One grouped pass: K members over a batch whose first dimension is `rows` (their rows laid end to end).
+    An input with 1 row is shared by all rows."""
+
+    running: "Grouped | None" = None
+
+    def __init__(self, k: int, rows: int):
+        self.k, self.rows = k, rows
+
+    @contextlib.contextmanager
+    def active(self):
+        Grouped.running = self
+        Stacked.__torch_function__ = classmethod(_grouped_call)
+        try:
+            yield
+        finally:
+            Stacked.__torch_function__ = torch._C._disabled_torch_function_impl
+            Grouped.running = None
+
+    def call(self, func, args: tuple, kwargs: dict):
         if func in ELEMENTWISE:
             return _elementwise(self, func, args, kwargs)
         rule = RULES.get(func)
@@ -56,14 +77,14 @@ class Grouped(TorchFunctionMode):
             raise Unpackable(f"{getattr(func, '__qualname__', func)} reads a parameter directly")
         return rule(self, *args, **kwargs)
 
-    def adopt(self, t: Tensor) -> Tensor:
+    @staticmethod
+    def adopt(t: Tensor) -> Stacked:
         """A stacked value made inside (a view of a stacked weight, a gain's absolute value): itself stacked."""
-        self.derived.append(t)  # kept alive, so its id stays its own
-        self.ids.add(id(t))
-        return t
+        return t.as_subclass(Stacked)
 
-    def is_stacked(self, t) -> bool:
-        return id(t) in self.ids
+    @staticmethod
+    def is_stacked(t) -> bool:
+        return isinstance(t, Stacked)
 
     def shared(self, x: Tensor) -> bool:
         """Whether x holds one row shared by the batch (True) or the K members' rows (False)."""
@@ -81,7 +102,7 @@ class Grouped(TorchFunctionMode):
 
 def _narrow(g: Grouped, t: Tensor, dim: int, start, length) -> Tensor:
     """Rows of a stacked weight (W_q of a stacked qkv_proj): a stacked view, itself a parameter to the rules."""
-    return g.adopt(t.narrow(dim + 1 if dim >= 0 else dim, start, length))
+    return Grouped.adopt(t.narrow(dim + 1 if dim >= 0 else dim, start, length))
 
 
 def _elementwise(g: Grouped, func, args: tuple, kwargs: dict) -> Tensor:
@@ -89,7 +110,7 @@ def _elementwise(g: Grouped, func, args: tuple, kwargs: dict) -> Tensor:
     parameter meets that member's rows (a ReZero gain times a branch, FIRE's c times distances)."""
     activations = [a for a in args if torch.is_tensor(a) and not g.is_stacked(a)]
     if not activations:
-        return g.adopt(func(*args, **kwargs))
+        return Grouped.adopt(func(*args, **kwargs))
     if len(activations) > 1 or kwargs:
         raise Unpackable(f"{getattr(func, '__qualname__', func)} of a parameter with several inputs")
     x, k = activations[0], g.k
@@ -204,7 +225,7 @@ class GroupedModel:
         if problem:
             raise Unpackable(problem)
         names = [name for name, _ in self.base.named_parameters()]  # a tied parameter once (tok_emb = head)
-        self.params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).requires_grad_()
+        self.params = {n: stacked(torch.stack([dict(m.named_parameters())[n].detach() for m in models]))
                        for n in names}
         self.slots = _slots(self.base)
 
@@ -217,7 +238,7 @@ class GroupedModel:
         bound = {slot: params[name] for slot, name in self.slots.items()}
         if self.k == 1:
             return functional_call(self.base, bound, (x, *args), kwargs, tie_weights=False)
-        with Grouped(self.params.values(), self.k, x.shape[0]):
+        with Grouped(self.k, x.shape[0]).active():
             return functional_call(self.base, bound, (x, *args), kwargs, tie_weights=False)
 
     def forward(self, batch: dict) -> Tensor:

@@ -232,11 +232,16 @@ class Pack:
 
     def _clip(self, grads: list[torch.Tensor], max_norm: float) -> None:
         """torch.nn.utils.clip_grad_norm_ (what Lightning calls) for each member over its own gradients, in its
-        arithmetic: the total norm by torch's own function, then one multiply by min(1, max_norm / (norm + 1e-6))."""
+        arithmetic: the norm of the per-tensor norms, then one multiply by min(1, max_norm / (norm + 1e-6))."""
+        present = [g for g in grads if g is not None]
+        slices = [g[k] for k in range(self.k) for g in present]
+        norms = torch._foreach_norm(slices, 2.0)  # each tensor's norm, as get_total_norm takes them
+        n = len(present)
+        coefs = []
         for k in range(self.k):
-            mine = [g[k] for g in grads if g is not None]
-            total = torch.nn.utils.get_total_norm(mine, 2.0)
-            torch._foreach_mul_(mine, torch.clamp(float(max_norm) / (total + 1e-6), max=1.0))
+            total = torch.linalg.vector_norm(torch.stack(norms[k * n:(k + 1) * n]), 2.0)
+            coefs += [torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)] * n
+        torch._foreach_mul_(slices, coefs)
 
     def _account(self, k: int, step: int, loss: float, batch: dict, elapsed: float) -> None:
         """LitTransformer.on_train_batch_end's totals for member k, its logging and its divergence check."""
