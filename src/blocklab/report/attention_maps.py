@@ -13,7 +13,8 @@ from matplotlib.image import imread
 
 from blocklab.results import RESULTS_FILE
 
-PANEL_WIDTH = 7.0  # inches per saved figure: a 2-layer x 4-head grid keeps its labels readable
+SAVED_DPI = 100  # analysis/plots.save: the saved figures' pixels per inch
+MAX_WIDTH = 24.0  # inches for a whole row of figures (32 heads side by side would be 62)
 
 
 def _maps(run: str, when: str) -> Path | None:
@@ -65,9 +66,16 @@ def plot_attention_maps(ax, rows: list[dict], spec: dict, metric: str, by: list[
         fig.text(0.5, 0.5, "no attention maps saved: run with diagnostics.attention_maps=end", ha="center")
         return None
     images = [[imread(p) if p else None for p in pngs] for *_, pngs, _ in shown]
-    height, width = next(im for row in images for im in row if im is not None).shape[:2]
-    fig.set_size_inches(PANEL_WIDTH * len(whens), PANEL_WIDTH * height / width * len(shown) + 0.4)
-    axes = fig.subplots(len(shown), len(whens), squeeze=False)
+    # Each saved figure at its own size (more heads: wider), within MAX_WIDTH: a 32-head grid stays readable
+    # beside a 1-head one instead of being shrunk to the first figure's shape.
+    sizes = [[im.shape[:2] if im is not None else (0, 0) for im in row] for row in images]
+    widths = [max(max(row[c][1] for row in sizes), 1) for c in range(len(whens))]
+    heights = [max(max(h for h, _ in row), 1) for row in sizes]
+    scale = min(1 / SAVED_DPI, MAX_WIDTH / sum(widths))  # inches per pixel: as saved, unless too wide
+    title = 0.35  # inches per row for its title
+    fig.set_size_inches(scale * sum(widths), scale * sum(heights) + title * len(shown) + 0.4)
+    axes = fig.subplots(len(shown), len(whens), squeeze=False, gridspec_kw={
+        "width_ratios": widths, "height_ratios": [h + title / scale for h in heights]})
     for (label, seed, _, _), row_images, row_axes in zip(shown, images, axes):
         for when, image, cell in zip(whens, row_images, row_axes):
             cell.axis("off")

@@ -16,13 +16,19 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.registry import Registry  # noqa: E402
 from blocklab.report import length_gen, stats, tables  # noqa: E402
-from blocklab.report.attention_costs import BENCH_JSON, attention_costs_section  # noqa: E402
+from blocklab.report import benches  # noqa: E402
+from blocklab.report.activation_curves import plot_activation_functions  # noqa: E402
 from blocklab.report.attention_maps import plot_attention_maps  # noqa: E402
+from blocklab.report.common import band as _band, group, keys as _keys, label as _label, legend as _legend  # noqa: E402
+from blocklab.report.common import name as _name, not_recorded, order as _order, short as _short  # noqa: E402
 from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS  # noqa: E402
+from blocklab.report.per_head import plot_per_head  # noqa: E402
+from blocklab.report.spectral import plot_spectral_bounds  # noqa: E402
 from blocklab.results import RESULTS_FILE  # noqa: E402
 
 # What a study without `study.metrics` is judged on (those its runs record).
@@ -33,42 +39,9 @@ FIXED = ("optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay",
          "trainer.gradient_clip_val", "model.d_model", "model.n_layers", "model.n_heads")
 
 
-def _keys(spec_by) -> list[str]:
-    return [spec_by] if isinstance(spec_by, str) else list(spec_by)
-
-
-def _short(key: str) -> str:
-    """A key as a label names it: its last part (task.reverse_answer -> reverse_answer)."""
-    return key.rsplit(".", 1)[-1]
-
-
-def _label(values: tuple) -> str:
-    """A setting as a plot labels it: its swept values (the legend's title names the keys)."""
-    return ", ".join(str(v) for v in values)
-
-
-def _name(keys: list[str], values: tuple) -> str:
-    """A setting as a sentence names it: short key=value pairs."""
-    return ", ".join(f"{_short(k)}={v}" for k, v in zip(keys, values))
-
-
 def mean_std(values: list) -> tuple[float | None, float | None, int]:
     e = stats.estimate(values)
     return (None, None, 0) if e is None else (e.mean, e.sd, e.n)
-
-
-def group(rows: list[dict], keys: list[str]) -> dict[tuple, list[dict]]:
-    groups = defaultdict(list)
-    for row in rows:
-        groups[tuple(row.get(k) for k in keys)].append(row)
-    return dict(sorted(groups.items(), key=lambda kv: tuple(_order(v) for v in kv[0])))
-
-
-def _order(value) -> tuple:
-    """Numbers in numeric order (2 before 16), then everything else by name."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, value, "")
-    return (1, 0, str(value))
 
 
 def _fmt(mean, std, n) -> str:
@@ -170,11 +143,9 @@ def _select(rows, where: dict | None):
 
 PLOTS: Registry = Registry("study.plots[].kind")
 PLOTS.register("attention_maps")(plot_attention_maps)  # its own module: a figure of saved heatmaps
-
-
-def _band(ax, xs, lows, highs, line) -> None:
-    """The seed range (lowest to highest seed) behind a mean line, in its colour."""
-    ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
+PLOTS.register("spectral_bounds")(plot_spectral_bounds)  # ||A||_2 per layer against seed 000's bounds
+PLOTS.register("per_head")(plot_per_head)  # every head's entropy or distance
+PLOTS.register("activation_functions")(plot_activation_functions)  # the registry's activations and derivatives
 
 
 @PLOTS.register("length_curve")
@@ -216,6 +187,7 @@ def plot_by_layer(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) 
     """A per-layer diagnostic (at init or at the end, `when`), one line per setting and depth: the mean over
     seeds, the seed range shaded."""
     when, keys = spec.get("when", "init"), by + ["model.n_layers"]
+    drawn = []
     for key, members in group(rows, keys).items():
         series = [m[f"layers_{when}"].get(metric) for m in members if m.get(f"layers_{when}")]
         series = [s for s in series if s and None not in s]
@@ -224,7 +196,12 @@ def plot_by_layer(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) 
         per_layer = list(zip(*series))
         (line,) = ax.plot(range(len(per_layer)), [sum(v) / len(v) for v in per_layer], label=_label(key))
         _band(ax, range(len(per_layer)), [min(v) for v in per_layer], [max(v) for v in per_layer], line)
-    ax.set_yscale("log")
+        drawn += [x for v in per_layer for x in v]
+    if not drawn:
+        return not_recorded(ax, f"{metric} at {when}")
+    if min(drawn) > 0:  # norms and gradients span decades; a fraction that reaches 0 stays on a linear axis
+        ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"layer (at {when}; shaded: min to max over seeds)")
     _legend(ax, keys)
     return None
@@ -236,13 +213,17 @@ def plot_bar(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> st
     seed)."""
     groups = group(rows, by)
     estimates = [stats.estimate([_value(m, metric) for m in members]) for members in groups.values()]
+    if not any(estimates):
+        return not_recorded(ax, metric)
     means = [e.mean if e else 0 for e in estimates]
     below = [e.mean - e.low if e and e.has_interval else 0 for e in estimates]
     above = [e.high - e.mean if e and e.has_interval else 0 for e in estimates]
     ax.bar(range(len(means)), means, yerr=[below, above], capsize=3)
     ax.set_xticks(range(len(means)), [_label(k) for k in groups], rotation=30, ha="right", fontsize=7)
     ax.set_xlabel(f"{', '.join(map(_short, by))} (bars: 95% CI over seeds)")
-    return None
+    shown = [f"{_name(by, k)} {stats.mean_interval(e) if e.has_interval else stats.fmt(e.mean)}"
+             for k, e in zip(groups, estimates) if e]
+    return f"{metric} per setting (mean [95% CI] over seeds): {'; '.join(shown)}."
 
 
 @PLOTS.register("tradeoff")
@@ -297,21 +278,19 @@ def _results(run: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _legend(ax, keys: list[str]) -> None:
-    """Beside the axes, never over the data; titled with the keys the labels give the values of."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
-                  title=", ".join(map(_short, keys)) or None, title_fontsize=7, frameon=False)
-
-
 def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     """Draw one canonical plot; returns a sentence of what it shows, computed from the data."""
     kind, metric, by = spec["kind"], spec["metric"], _keys(spec.get("by", []))
     rows = _select(rows, spec.get("where"))
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    note = PLOTS[kind](ax, rows, spec, metric, by)
     where = ", ".join(f"{k}={v}" for k, v in (spec.get("where") or {}).items())  # which runs a plot shows
-    ax.set_ylabel(metric)
+    if rows:
+        note = PLOTS[kind](ax, rows, spec, metric, by)
+    else:  # the sweep ran without the runs this plot shows
+        ax.text(0.5, 0.5, f"no runs with {where}", ha="center", va="center", transform=ax.transAxes)
+        note = "no runs here to show."
+    if not ax.get_ylabel():  # a kind may name its axis better than the metric's column does
+        ax.set_ylabel(metric)
     ax.set_title(f"{metric} ({kind.replace('_', ' ')}{', ' + where if where else ''})", fontsize=10)
     fig.savefig(path, dpi=90, bbox_inches="tight")  # tight: the legend beside the axes stays in the image
     plt.close(fig)
@@ -465,7 +444,14 @@ th{background:#f3f3f3}figure{margin:1em 0}img{max-width:100%}.question{font-size
 .wide{overflow-x:auto}"""
 
 
-def build_report(root: Path, rows: list[dict], specs: dict[str, dict]) -> Path:
+def _check_plots(spec: dict) -> None:
+    unknown = [p.get("kind") for p in spec.get("plots", []) if p.get("kind") not in PLOTS]
+    if unknown:
+        raise ConfigError("\n".join(PLOTS.unknown(k) for k in unknown))
+
+
+def build_report(root: Path, rows: list[dict], specs: dict[str, dict], bench_files: list[Path] = ()) -> Path:
+    """bench_files: JSON files `python -m blocklab.bench --out` wrote, searched first for the studies' `bench`."""
     out = root / "report"
     by_study = defaultdict(list)
     for row in rows:
@@ -473,15 +459,19 @@ def build_report(root: Path, rows: list[dict], specs: dict[str, dict]) -> Path:
     for name, spec in specs.items():  # every study's specs are checked before any file is written
         length_gen.table_spec(spec.get("length_table"))
         metrics_spec(spec.get("metrics"), by_study.get(name, []))
+        _check_plots(spec)
+        bad = [b for b in benches.names(spec.get("bench")) if b not in benches.BENCH_SECTIONS]
+        if bad:
+            raise ConfigError("\n".join(benches.BENCH_SECTIONS.unknown(b) for b in bad))
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "summary.csv")
     sections = [section(name, specs.get(name, {}), members, out) for name, members in sorted(by_study.items())]
     toc = "".join(f"<li><a href='#{html.escape(n)}'>{html.escape(n)}</a></li>" for n in sorted(by_study))
-    if any(spec.get("bench") == "attention" for spec in specs.values()):  # a study that weighs quality against cost
-        sections.append(attention_costs_section(BENCH_JSON, out) if BENCH_JSON.exists() else
-                        "<section id='attention_costs'><h2>attention costs</h2><p>No cost curves yet: run "
-                        f"<code>python -m blocklab.bench attention</code> (it writes {BENCH_JSON}).</p></section>")
-        toc += "<li><a href='#attention_costs'>attention costs</a></li>"
+    wanted = dict.fromkeys(b for name in sorted(specs) for b in benches.names(specs[name].get("bench")))
+    for bench in wanted:  # a study that weighs quality against cost: the side-by-side benchmark beside it
+        entry = benches.BENCH_SECTIONS[bench]
+        sections.append(benches.section(bench, root, out, list(bench_files)))
+        toc += f"<li><a href='#{entry.anchor}'>{html.escape(entry.title)}</a></li>"
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>BlockLab report: {html.escape(root.name)}</title>"
             f"<style>{STYLE}</style></head><body><h1>BlockLab report: {html.escape(root.name)}</h1>"
             f"<p>{len(rows)} runs from <code>{html.escape(str(root))}</code>. Tables give the mean over seeds with "

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from blocklab.cli import CONF_DIR
 from blocklab.results import RESULTS_FILE, flatten, swept_overrides
 
 HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "tokens_per_s",
@@ -16,7 +17,7 @@ LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "pe
 METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in", "exact_match_out", "loss_out",
            "params", "flops_per_token", "tokens_per_s", "ms_per_step", "diverged", "steps_to_target_loss",
            "kv_cache_bytes_per_token", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
-           "relative_residual_last")
+           "ffn_off", "ffn_dead", "relative_residual_last")
 EARLY = 0.25  # the early loss is read at this fraction of the planned training steps (Narang et al. 2021)
 
 
@@ -36,12 +37,20 @@ def _layers(diag: dict | None, when: str) -> dict[str, list]:
         "spectral_norm_max": [max(layer["spectral_norm_max"]) for layer in m["layers"]],
         "head_similarity": [layer["head_similarity_mean"] for layer in m["layers"]],
         "ffn_sparsity": [layer["ffn_sparsity"] for layer in m["layers"]],
+        # the seed's bounds on ||A||_2 (max over heads; None: the pre-norm bound does not apply to the layer)
+        "spectral_prenorm_bound": [max(b) if (b := layer.get("spectral_prenorm_bound")) else None
+                                   for layer in m["layers"]],
+        "spectral_generic_bound": [(layer.get("spectral_generic_bound") or [None, None])[1] for layer in m["layers"]],
+        # units in their activation's flat tail, and units off on every probe token (runs since these existed)
+        "ffn_off": [layer.get("ffn_off") for layer in m["layers"]],
+        "ffn_dead": [layer.get("ffn_dead") for layer in m["layers"]],
     }
     for part in ("attn", "ffn"):
         series[f"grad_{part}"] = [g[part] for g in m.get("gradients", [])]
     for key in ("attention_entropy", "attention_distance", "attention_entropy_answer", "attention_distance_answer"):
         heads = [layer.get(key) for layer in m["layers"]]  # per head; *_answer: over the answer's queries only
         series[key] = [sum(h) / len(h) if h else None for h in heads]
+        series[f"{key}_heads"] = heads  # per layer, one value per head (the per_head plot)
     return series
 
 
@@ -95,6 +104,9 @@ def load_run(run_dir: Path) -> dict:
     })
     row["head_similarity"] = _mean(row["layers_end"].get("head_similarity", []))
     row["ffn_sparsity"] = _mean(row["layers_end"].get("ffn_sparsity", []))
+    row["ffn_off"] = _mean(row["layers_end"].get("ffn_off", []))
+    dead = row["layers_end"].get("ffn_dead") or [None]
+    row["ffn_dead"] = None if None in dead else sum(dead)  # units dead over the probe batch, all layers
     # How far the last layer's output is from rank one at the end (rank collapse drives it to 0).
     row["relative_residual_last"] = (row["layers_end"].get("relative_residual") or [None])[-1]
     return row
@@ -106,11 +118,23 @@ def collect(root: Path) -> list[dict]:
 
 
 def study_specs(root: Path, rows: list[dict]) -> dict[str, dict]:
-    """The `study` block of each sweep, from any of its runs' saved configs."""
+    """The `study` block of each sweep, from any of its runs' saved configs; what to draw (PRESENTATION) from the
+    sweep file as it is now, where one has the study's name, so finished runs show plots added since."""
     specs = {}
     for row in rows:
         name = row.get("study")
         if name and name not in specs:
             config = OmegaConf.to_container(OmegaConf.load(Path(row["run"]) / ".hydra" / "config.yaml"))
-            specs[name] = config["study"]
+            specs[name] = {**config["study"], **_presentation(name)}
     return specs
+
+
+PRESENTATION = ("plots", "bench")  # how a study is shown, not what its runs did
+
+
+def _presentation(name: str) -> dict:
+    path = CONF_DIR / "sweep" / f"{name}.yaml"
+    if not path.exists():
+        return {}
+    study = OmegaConf.to_container(OmegaConf.load(path).get("study") or {}, resolve=False)
+    return {key: study[key] for key in PRESENTATION if key in study} if study.get("name") == name else {}
