@@ -208,12 +208,6 @@ def fold(batches: list[dict], pad_id: int) -> dict:
     return folded
 
 
-def member_rows(batch: dict, k: int, members: int) -> dict:
-    """Member k's part of a folded batch (its rows; still padded to the pack's width)."""
-    rows = batch["input"].shape[0] // members
-    return {key: value[k * rows:(k + 1) * rows] if torch.is_tensor(value) else value for key, value in batch.items()}
-
-
 class GroupedModel:
     """K members' parameters stacked (leaves, what the optimizer steps) and the one forward pass over them.
     `base` supplies the code and the buffers, which the members must share. A pack of one runs the base

@@ -84,6 +84,8 @@ def build(members: list[Member]) -> None:
 
 def problem(members: list[Member]) -> str | None:
     """Why these members cannot train as one pack (checked on their first batches; nothing is consumed)."""
+    if any(m.setup.model_cfg != members[0].setup.model_cfg for m in members):
+        return "the members' model configs differ (a model option derived from the seed?)"
     try:
         grouped = GroupedModel([m.lit.model for m in members])
     except Unpackable as err:
@@ -260,7 +262,8 @@ class Pack:
             lit._loss_window = [0.0, 0]
         every = self.trainer["log_every_n_steps"]
         if m.loggers and (step % every == 0 or not math.isfinite(loss)):
-            metrics = {"train/loss": loss, "lr-AdamW": self.optimizer.param_groups[0]["lr"]}
+            metrics = {"train/loss": loss, **{f"lr-AdamW/pg{i + 1}": g["lr"]  # LearningRateMonitor's names
+                                              for i, g in enumerate(self.optimizer.param_groups)}}
             if lit._window_time > 0:
                 metrics["train/tokens_per_s"] = lit._window_tokens / lit._window_time
                 lit._window_tokens, lit._window_time = 0, 0.0

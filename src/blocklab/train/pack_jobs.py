@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import torch
 from hydra._internal.config_loader_impl import get_overrides_dirname
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
@@ -65,8 +66,9 @@ def refusal(groups: dict, launcher: str | None) -> str | None:
     if trainer.get("strategy") not in (None, "auto") or trainer.get("devices", 1) not in (1, "auto") \
             or trainer.get("num_nodes", 1) != 1:
         return "a pack trains in one process on one device (DDP and several devices are not packed)"
-    if trainer.get("accelerator", "cpu") not in ("cpu", "auto"):
-        return f"a pack trains on the CPU (trainer.accelerator={trainer['accelerator']})"
+    accelerator = trainer.get("accelerator", "cpu")
+    if accelerator != "cpu" and not (accelerator == "auto" and not torch.cuda.is_available()):
+        return f"a pack trains on the CPU (trainer.accelerator={accelerator})"
     if str(trainer.get("precision", "32-true")) not in ("32-true", "32"):
         return f"a pack trains in float32 (trainer.precision={trainer['precision']})"
     if launcher != BASIC_LAUNCHER:
