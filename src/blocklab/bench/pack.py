@@ -30,26 +30,36 @@ def _stepper(pack):
 
 
 def pack(size: str = "full") -> dict:
+    """Also one seed at SEEDS times the batch: the pack's arithmetic with one model's operation count, the least
+    a pack can cost. Where it too is near SEEDS x one seed, the step is bound by arithmetic, not per-op cost."""
+    from hydra import compose, initialize_config_dir
+
     from blocklab.train.pack import pack_of
 
     overrides = ["logger=none", "diagnostics=none", "trainer.max_steps=1000000", "checkpoint_every=1000000"]
     rounds, iters, warmup = (8, 10, 3) if size == "full" else (1, 1, 1)
     if size == "tiny":
         overrides += ["model.d_model=32", "model.n_layers=1", "task.batch_size=8", "task.max_len=8"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        batch = compose(config_name="config", overrides=[*overrides, "run_dir=unused"]).task.batch_size
+    variants = {(1, batch): overrides, (SEEDS, batch): overrides,
+                (1, SEEDS * batch): [*overrides, f"task.batch_size={SEEDS * batch}"]}
     with tempfile.TemporaryDirectory() as tmp:
         packs = {}
-        for seeds in (1, SEEDS):
-            packs[seeds] = pack_of(_configs(seeds, overrides, Path(tmp) / f"pack{seeds}"))
-            if isinstance(packs[seeds], str):
-                raise RuntimeError(f"the default model cannot be packed: {packs[seeds]}")
-            packs[seeds].open()
-        times = interleaved({seeds: _stepper(p) for seeds, p in packs.items()}, rounds, iters, warmup)
-    one, packed = times[1]["ms"], times[SEEDS]["ms"]
-    rows = [{"seeds": seeds, "ms_per_step": round(t["ms"], 2), "ms_median": round(t["ms_median"], 2),
+        for (seeds, rows), settings in variants.items():
+            packs[seeds, rows] = pack_of(_configs(seeds, settings, Path(tmp) / f"pack{seeds}-{rows}"))
+            if isinstance(packs[seeds, rows], str):
+                raise RuntimeError(f"the default model cannot be packed: {packs[seeds, rows]}")
+            packs[seeds, rows].open()
+        times = interleaved({key: _stepper(p) for key, p in packs.items()}, rounds, iters, warmup)
+    one, packed, wide = times[1, batch]["ms"], times[SEEDS, batch]["ms"], times[1, SEEDS * batch]["ms"]
+    rows = [{"seeds": seeds, "batch": b, "ms_per_step": round(t["ms"], 2), "ms_median": round(t["ms_median"], 2),
              "ms_per_seed_step": round(t["ms"] / seeds, 2), "vs_one_seed": round(t["ms"] / one, 3)}
-            for seeds, t in times.items()]
+            for (seeds, b), t in times.items()]
     notes = [f"{SEEDS} seeds one after another: {SEEDS * one:.1f} ms for a step of each; packed: {packed:.1f} ms "
              f"({SEEDS * one / packed:.2f}x as fast). One seed alone is the pack's own loop (a plain run bit for bit); "
-             "a Lightning run alone adds ~1 ms a step (`bench overhead`)."]
+             "a Lightning run alone adds ~1 ms a step (`bench overhead`).",
+             f"one seed at {SEEDS}x the batch: {wide / one:.2f}x one seed's step, the least a pack can cost here "
+             f"(the pack: {packed / wide:.2f}x that)."]
     return {"rows": rows, "seeds": SEEDS, "notes": notes,
             "targets": {f"pack{SEEDS}_vs_one_seed": verdict(packed / one, TARGET)}}
