@@ -61,7 +61,8 @@ def test_a_pack_of_one_is_a_plain_run_bit_for_bit(tmp_path, dropout):
     plain, packed = tmp_path / "plain", tmp_path / "packed"
     run_in_process(overrides, plain)
     train_pack([compose_config(overrides, packed)])
-    a, b = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False) for d in (plain, packed))
+    a, b = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+            for d in (plain, packed))
     assert a["state_dict"].keys() == b["state_dict"].keys()
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     sa, sb = a["optimizer_states"][0], b["optimizer_states"][0]
@@ -185,8 +186,8 @@ def test_grouped_linear_embedding_and_norms_compute_each_members_own():
     """Against each member's own module, on the members' rows laid end to end (and on one row all members share,
     as a position table is looked up)."""
     torch.manual_seed(0)
-    layers = {"linear": torch.nn.Linear(5, 3), "embedding": torch.nn.Embedding(7, 4), "layer_norm": torch.nn.LayerNorm(5),
-              "rms_norm": torch.nn.RMSNorm(5)}
+    layers = {"linear": torch.nn.Linear(5, 3), "embedding": torch.nn.Embedding(7, 4),
+              "layer_norm": torch.nn.LayerNorm(5), "rms_norm": torch.nn.RMSNorm(5)}
     for name, layer in layers.items():
         members = [_fresh(layer) for _ in range(3)]
         grouped = GroupedModel(members)
@@ -226,7 +227,8 @@ def test_fold_right_pads_each_members_batch_as_the_task_pads():
     b = {key: value[:, :1] for key, value in a.items()}
     folded = fold([a, b], pad_id=9)
     assert folded["input"][2:].tolist() == [[1, 9, 9]] * 2 and folded["target"][2:].tolist() == [[1, -100, -100]] * 2
-    assert folded["valid"][2:].tolist() == [[True, False, False]] * 2 and folded["input"][:2].tolist() == a["input"].tolist()
+    assert folded["valid"][2:].tolist() == [[True, False, False]] * 2
+    assert folded["input"][:2].tolist() == a["input"].tolist()
 
 
 def test_configs_that_cannot_pack_say_why():
@@ -274,6 +276,23 @@ def test_a_packed_checkpoint_resumes_as_a_plain_run(tmp_path, monkeypatch):
     run_in_process(overrides, straight)
     assert measured(read_results(interrupted)) == measured(read_results(straight))
     assert all(torch.equal(a, b) for a, b in zip(weights(interrupted).values(), weights(straight).values()))
+
+
+def test_an_interrupted_pack_resumes_to_exactly_what_an_uninterrupted_one_ends_with(tmp_path, monkeypatch):
+    """With dropout (the pack's random state is carried) and diagnostics (their history is carried)."""
+    overrides = [*FAST, "model.dropout=0.1", "diagnostics.every_n_steps=5", "checkpoint_every=5"]
+    train_pack(cfgs(tmp_path, overrides, seeds=(0, 1), tag="straight"))
+    monkeypatch.setattr(Pack, "train_step", interrupt_at(12))
+    with pytest.raises(SystemExit, match="143"):
+        train_pack(cfgs(tmp_path, overrides, seeds=(0, 1), tag="resumed"))
+    monkeypatch.undo()
+    train_pack(cfgs(tmp_path, overrides, seeds=(0, 1), tag="resumed"))
+    for seed in (0, 1):
+        straight, resumed = tmp_path / f"straight{seed}", tmp_path / f"resumed{seed}"
+        assert measured(read_results(resumed)) == measured(read_results(straight))
+        assert all(torch.equal(a, b) for a, b in zip(weights(resumed).values(), weights(straight).values()))
+        history = [json.loads((d / "diagnostics" / "history.json").read_text()) for d in (straight, resumed)]
+        assert history[0] == history[1] and [h["step"] for h in history[1]] == [0, 5, 10, 15, 20]
 
 
 # ------------------------------------------------------------------------------------------ in a sweep

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.seed import _set_rng_states
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -90,9 +91,8 @@ def problem(members: list[Member]) -> str | None:
         grouped = GroupedModel([m.lit.model for m in members])
     except Unpackable as err:
         return str(err)
-    task = members[0].setup.task
     batches = [next(iter(m.setup.task.train_batches(m.setup.start_step or 0))) for m in members]
-    return pack_problem(grouped, [m.lit for m in members], batches, getattr(task, "pad_id", 0))
+    return pack_problem(grouped, [m.lit for m in members], batches, getattr(members[0].setup.task, "pad_id", 0))
 
 
 class Pack:
@@ -131,11 +131,10 @@ class Pack:
             state = stacked_optimizer_state([r["optimizer_states"][0] for r in resumed], self.order)
             for name, value in state.items():
                 self.optimizer.state[self.grouped.params[name]] = value
-            from lightning.fabric.utilities.seed import _set_rng_states
             _set_rng_states(resumed[0]["rng_states"])  # the pack's dropout goes on with the first member's draws
-        for m in self.members:
+        for k, m in enumerate(self.members):
             self._open_logger(m)
-            self._open_diagnostics(m)
+            self._open_diagnostics(m, resumed[k] if resumed else None)
         self.alive = torch.ones(self.k, dtype=torch.bool)
         self.frozen: dict[int, dict] = {}
 
@@ -157,17 +156,15 @@ class Pack:
         for logger in m.loggers:
             logger.log_hyperparams({**picked, **flatten(m.setup.groups)})
 
-    def _open_diagnostics(self, m: Member) -> None:
+    def _open_diagnostics(self, m: Member, resumed: dict | None) -> None:
         diag = m.setup.groups["diagnostics"]
         if not diag["enabled"]:
             return
         m.diagnostics = Diagnostics(m.setup.task.probe_batch(diag["probe_examples"]), m.setup.run_dir / "diagnostics",
                                     diag["every_n_steps"], diag["sparsity_eps"], diag["attention_maps"])
-        if self.start:
-            state = torch.load(m.setup.run_dir / CHECKPOINT, map_location="cpu", weights_only=False)
-            saved = state.get("callbacks", {}).get(m.diagnostics.state_key)
-            if saved:
-                m.diagnostics.load_state_dict(saved)
+        saved = (resumed or {}).get("callbacks", {}).get(m.diagnostics.state_key)
+        if saved:
+            m.diagnostics.load_state_dict(saved)
         m.diagnostics.on_train_start(self._trainer_view(m, self.start), m.lit)
 
     def _trainer_view(self, m: Member, step: int) -> SimpleNamespace:
@@ -339,7 +336,8 @@ class Pack:
         m = self.members[k]
         self.grouped.load_into(k, m.lit.model)
         m.lit._count_train_time()
-        stacked = {name: self.optimizer.state[p] for name, p in self.grouped.params.items() if p in self.optimizer.state}
+        stacked = {name: self.optimizer.state[p] for name, p in self.grouped.params.items()
+                   if p in self.optimizer.state}
         schedule = schedule_state(m.optimizer, self.optim, step, self.total)
         callbacks = {} if m.diagnostics is None else {m.diagnostics.state_key: m.diagnostics.state_dict()}
         write_checkpoint(m.setup.run_dir, checkpoint(m.lit, step, member_optimizer_state(m.optimizer, self.order,
