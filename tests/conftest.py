@@ -1,4 +1,6 @@
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +39,21 @@ def run_cli(args: list[str], timeout: int = 600, env: dict | None = None) -> sub
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
     return tmp_path / "run"
+
+
+@contextlib.contextmanager
+def report_page(index: Path):
+    """A report page opened in headless Chromium; skips where Chromium or playwright (dev extra) is missing."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (Debian package `chromium`); the browser check needs it")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) drives the browser")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(index.as_uri())
+            yield page
+            page.screenshot(path=str(index.parent / "screenshot.png"), full_page=True)
+        finally:
+            browser.close()

@@ -7,7 +7,6 @@ import io
 import json
 import math
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from blocklab.report import benches
 from blocklab.report.build import build_report, plot
 from blocklab.report.collect import collect, study_specs
 from blocklab.tasks import build_task
-from conftest import CONF, run_cli
+from conftest import CONF, report_page, run_cli
 
 PLACEMENTS, SEEDS, LAYERS, HEADS = ("pre", "post"), (0, 1, 2), 3, 4
 STUDY = {"name": "sections", "question": "What do the diagnostics show?", "compare": ["norm.placement"],
@@ -240,14 +239,7 @@ def test_the_page_in_a_browser_shows_the_ci_columns_and_new_sections_and_every_i
         image = Image.open(io.BytesIO(base64.b64decode(data)))
         image.load()
         assert image.format == "PNG" and image.width > 300 and image.height > 200
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (Debian package `chromium`); the browser check needs it")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) drives the browser")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page()
-        page.goto(index.as_uri())
+    with report_page(index) as page:
         header = page.locator("table.metrics th").all_inner_texts()
         assert "final_train_loss 95% CI" in header and "ffn_off 95% CI" in header
         assert page.locator("table.metrics tbody tr").count() == len(PLACEMENTS)
@@ -260,8 +252,6 @@ def test_the_page_in_a_browser_shows_the_ci_columns_and_new_sections_and_every_i
         assert "Attention spectral norm per layer at init" in findings and "range over heads" in findings
         assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 300)")
         assert page.locator("img").count() == len(images)
-        page.screenshot(path=str(index.parent / "screenshot.png"), full_page=True)
-        browser.close()
 
 
 @pytest.mark.slow

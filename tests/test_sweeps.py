@@ -18,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from blocklab.train.run import prepare
-from conftest import CONF, ROOT, compose_config
+from conftest import CONF, ROOT, compose_config, report_page
 
 SWEEPS = CONF / "sweep"
 EXPECTED_JOBS = {"head_count": 36, "pe_copy": 21, "pe_addition": 21, "pe_lm": 21, "init_depth": 108,
@@ -172,21 +172,12 @@ def test_sweep_survives_a_kill_resumes_and_reports(tmp_path):
 
 def render_in_browser(index: Path) -> None:
     """Open the report in headless Chromium: its tables and every image must actually render."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (Debian package `chromium`); the browser check needs it")
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright (dev extra) drives the browser")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page()
-        page.goto(index.as_uri())
+    with report_page(index) as page:
         assert page.locator("table").count() >= 1 and page.locator("table.metrics tbody tr").count() == 2
         images = page.locator("img")
         assert images.count() >= 2
         assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 100)")
         assert page.locator("h2").first.inner_text() == "causal_mask"
-        page.screenshot(path=str(index.parent / "screenshot.png"), full_page=True)
-        browser.close()
 
 
 def job_dir_name(overrides: list[str]) -> str:
