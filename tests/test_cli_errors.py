@@ -6,14 +6,14 @@ import sys
 import pytest
 
 from blocklab.overrides import command_line_error
-from conftest import ROOT, run_cli
+from conftest import CONF, ROOT, run_cli
 
 BAD = {
     "misspelled key": (["model.dmodel=64"], "error: model.dmodel is not a key of model; did you mean model.d_model?"),
     "misspelled group": (["nrom=pre_ln"], "error: nrom is not a key of the config; did you mean norm?"),
     "unknown option": (["norm=post_layernorm"], "error: norm=post_layernorm is not an option of group norm; "
-                       "did you mean post_ln or post_rms? options: deepnorm none post_ln post_rms pre_ln pre_rms "
-                       "sandwich_ln"),
+                       "did you mean post_ln or post_rms? options: "
+                       + " ".join(sorted(p.stem for p in (CONF / "norm").glob("*.yaml")))),
     "unknown swept option": (["-m", "norm=pre_ln,post_layernorm"], "error: norm=post_layernorm is not an option"),
     "glob matching nothing": (["-m", "pos=glob(xx*)"], "error: pos=glob(xx*) matches no option of group pos"),
     "misspelled key in a sweep": (["-m", "pos=rope,alibi", "model.dmodel=64"], "error: model.dmodel is not a key"),
