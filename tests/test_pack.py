@@ -262,6 +262,7 @@ def interrupt_at(step: int):
     return train_step
 
 
+@pytest.mark.slow  # ~100 s under load; the packed sweep's SIGTERM test covers a pack's resume in the default run
 def test_a_packed_checkpoint_resumes_as_a_plain_run(tmp_path, monkeypatch):
     """Interrupted, a pack of one leaves a checkpoint Lightning resumes from, ending bit for bit where a plain
     run ends: weights, optimizer, schedule, loop counters, totals and random state all carried."""
