@@ -47,7 +47,10 @@ class PosConfig:
     abacus_offset: int = 0
     coupled_offset: int = 0
 
-    SHARED = ("randomize", "random_max", "coupled", "abacus", "abacus_offset", "coupled_offset")
+    @classmethod
+    def shared_keys(cls) -> list[str]:
+        """The keys every scheme shares: each field but the scheme's name and its own options."""
+        return [f.name for f in fields(cls) if f.name not in ("name", "options")]
 
 
 @dataclass
@@ -191,7 +194,7 @@ class ModelConfig:
             vocab_size=vocab_size,
             max_len=max_len,
             norm=NormConfig(**groups["norm"]),
-            pos=PosConfig(name=pos.pop("name"), **{key: pos.pop(key) for key in PosConfig.SHARED if key in pos},
+            pos=PosConfig(name=pos.pop("name"), **{key: pos.pop(key) for key in PosConfig.shared_keys() if key in pos},
                           options=pos),
             attn=AttnConfig(**attn, options=attn_options, pattern_options=pattern_options),
             act=ActConfig(**groups["act"]),
