@@ -2,9 +2,7 @@
 import pytest
 
 from blocklab import hardware
-from conftest import run_in_process
-
-FAST = ["trainer=debug", "logger=none", "diagnostics=none", "task.eval_examples=8"]
+from conftest import FAST, run_in_process
 
 
 @pytest.fixture
