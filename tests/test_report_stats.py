@@ -68,6 +68,14 @@ def test_a_winner_is_named_only_when_the_intervals_are_apart():
     assert stats.verdict(stats.estimate([0.9, 0.9]), stats.estimate([0.1])) == "not distinguishable at 2 and 1 seeds"
 
 
+def test_numbers_keep_their_difference_when_written():
+    assert stats.fmt(0.8514) == "0.851" and stats.fmt(123456.7) == "123,457"
+    # Two small, different values (a rare-event rate, a tiny gradient) must not both read 0.000.
+    assert stats.fmt(0.00031) == "0.00031" and stats.fmt(0.00042) != stats.fmt(0.00031)
+    assert stats.fmt(0.0) == "0.000"
+    assert stats.mean_interval(stats.estimate([0.0003, 0.0004, 0.0005])).startswith("0.0004 [")
+
+
 def row(setting, seed, **metrics) -> dict:
     return {"run": f"/sweep/{setting}-{seed}", "status": "completed", "setting": setting, "seed": seed,
             "diverged": 0.0, **metrics}

@@ -89,11 +89,15 @@ def verdict(best: Estimate, other: Estimate, better: str = "better") -> str:
 
 
 def fmt(x: float | None, like: float | None = None) -> str:
-    """Three decimals for scores and losses, whole numbers from 1000 up (params, bytes, tokens/s); `like`: the
-    value whose size decides (a spread is written as its mean is)."""
+    """Three decimals for scores and losses, whole numbers from 1000 up (params, bytes, tokens/s), three
+    significant figures below 0.01 (so two small, different values never both read 0.000); `like`: the value
+    whose size decides (a spread is written as its mean is)."""
     if x is None:
         return "–"
-    return f"{x:,.0f}" if abs(x if like is None else like) >= 1000 else f"{x:.3f}"
+    size = abs(x if like is None else like)
+    if size >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.3g}" if 0 < size < 0.01 else f"{x:.3f}"
 
 
 def interval(e: Estimate | None) -> str:
