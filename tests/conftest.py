@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("BLOCKLAB_CACHE", str(Path(__import__("tempfile").mkdtemp(prefix="blocklab-cache-"))))
 CONF = CONF_DIR  # the packaged config (conf/ at the root is a link to it)
 
-# Fast settings for end-to-end runs: a few steps, small eval sets, no W&B unless a test asks.
-FAST = ["trainer=debug", "logger=none", "task.eval_examples=16"]
+# Fast settings for end-to-end runs: a few steps, small eval sets, no W&B unless a test asks, and no attention
+# heatmap PNGs (drawing them is most of a 20-step run; test_analysis covers them).
+FAST = ["trainer=debug", "logger=none", "task.eval_examples=16", "diagnostics.attention_maps=none"]
 
 
 def compose_config(overrides: list[str], run_dir: Path | None = None):
