@@ -262,7 +262,7 @@ def interrupt_at(step: int):
     return train_step
 
 
-@pytest.mark.slow  # ~100 s under load; the packed sweep's SIGTERM test covers a pack's resume in the default run
+@pytest.mark.slow  # ~100 s under load; test_an_interrupted_pack_resumes_... covers a pack's resume in the default run
 def test_a_packed_checkpoint_resumes_as_a_plain_run(tmp_path, monkeypatch):
     """Interrupted, a pack of one leaves a checkpoint Lightning resumes from, ending bit for bit where a plain
     run ends: weights, optimizer, schedule, loop counters, totals and random state all carried."""
@@ -308,10 +308,16 @@ def finished(sweep_dir) -> dict:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/results.json"))}
 
 
-def test_a_packed_sweep_writes_each_seed_where_the_sequential_sweep_does_and_resumes_after_sigterm(tmp_path):
-    env = {**os.environ, "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
-    run = lambda cmd: subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # noqa: E731
-    sequential, packed, interrupted = tmp_path / "sequential", tmp_path / "packed", tmp_path / "interrupted"
+ENV = {**os.environ, "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+
+
+def run_sweep(cmd) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def test_a_packed_sweep_writes_each_seed_where_the_sequential_sweep_does(tmp_path):
+    run = run_sweep
+    sequential, packed = tmp_path / "sequential", tmp_path / "packed"
     done = run(sweep(sequential, "logger=none"))
     assert done.returncode == 0, done.stderr[-2000:]
     done = run(sweep(packed, "logger=wandb", "study.pack_seeds=true"))
@@ -337,7 +343,15 @@ def test_a_packed_sweep_writes_each_seed_where_the_sequential_sweep_does_and_res
                              timeout=120).stdout
     assert '"job_type":"copy"' in records and '"run_group":"causal_mask-' in records
 
-    proc = subprocess.Popen(sweep(interrupted, "logger=none", "study.pack_seeds=true"), cwd=ROOT, env=env,
+
+@pytest.mark.slow  # two more sweeps; test_an_interrupted_pack_resumes_... covers a pack's resume in the default run
+def test_a_packed_sweep_resumes_after_sigterm_to_what_an_uninterrupted_one_ends_with(tmp_path):
+    run = run_sweep
+    packed, interrupted = tmp_path / "packed", tmp_path / "interrupted"
+    done = run(sweep(packed, "logger=none", "study.pack_seeds=true"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    together = finished(packed)
+    proc = subprocess.Popen(sweep(interrupted, "logger=none", "study.pack_seeds=true"), cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not list(interrupted.glob("*/checkpoints/last.ckpt")) and time.time() < deadline:

@@ -107,6 +107,7 @@ def test_cli_tiny_model_learns_copy(tmp_path):
     assert "exact match" in proc.stdout and "trained on" in proc.stdout  # the summary table
 
 
+@pytest.mark.slow  # 18 s; every_option's encoder-decoder rows cover its training end to end in the default run
 def test_encoder_decoder_learns_copy(run_dir):
     run_in_process(["logger=none", "model.arch=encoder_decoder", "trainer.max_steps=600", "trainer.val_check_interval=300",
                     "task.max_len=8", "task.eval_lengths=[4,8]", "task.eval_examples=64"], run_dir)
