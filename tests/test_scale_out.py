@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 TINY = ["trainer.max_steps=30", "trainer.val_check_interval=15", "logger=none", "task.eval_examples=16",
@@ -30,6 +32,7 @@ def test_ddp_trains_with_two_processes(tmp_path):
     assert statuses(tmp_path) == ["completed"]  # only rank 0 writes results
 
 
+@pytest.mark.slow  # 24 s; test_ddp_trains_with_two_processes covers DDP in the default run
 def test_ddp_inside_multirun_runs_each_job_once(tmp_path):
     proc = train(["-m", "trainer=ddp", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
