@@ -237,6 +237,7 @@ def test_configs_that_cannot_pack_say_why():
     assert refusal(groups, BASIC_LAUNCHER) is None
     assert "DDP" in refusal({"trainer": {**groups["trainer"], "strategy": "ddp", "devices": 2}}, BASIC_LAUNCHER)
     assert "float32" in refusal({"trainer": {**groups["trainer"], "precision": "bf16-mixed"}}, BASIC_LAUNCHER)
+    assert "compiled" in refusal({"trainer": {**groups["trainer"], "compile": True}}, BASIC_LAUNCHER)
     assert "basic launcher" in refusal(groups, "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher")
 
 

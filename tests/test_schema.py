@@ -27,6 +27,7 @@ VALID = {
     "optim.lr": st.floats(1e-3, 1e-2), "optim.min_lr": st.floats(0, 1e-4), "optim.weight_decay": st.floats(0, 0.5),
     "optim.warmup_steps": st.integers(0, 50), "optim.betas": st.lists(st.floats(0, 0.999), min_size=2, max_size=2),
     "trainer.max_steps": st.integers(1, 4), "trainer.val_check_interval": st.integers(1, 4),
+    "trainer.compile": st.just(False),  # true is valid too, but would compile for minutes in the trained draws
     "trainer.log_every_n_steps": st.integers(1, 50), "trainer.gradient_clip_val": st.one_of(st.none(), st.floats(0.1, 5)),
     "diagnostics.enabled": st.booleans(), "diagnostics.every_n_steps": st.integers(1, 10),
     "diagnostics.probe_examples": st.integers(1, 8), "diagnostics.attention_maps": st.sampled_from(["none", "end"]),

@@ -58,3 +58,12 @@ def precision_warning(accelerator: str | None, precision: str) -> str | None:
     return (f"warning: trainer.precision=bf16-mixed on a CPU without native bfloat16 ({cpu_model()}, "
             f"{torch.backends.cpu.get_cpu_capability()}, no avx512_bf16/amx_bf16): measured ~17x slower than float32 "
             "on such a CPU (experiment=nanogpt_baby: ~1,040 vs 60 ms a step); use trainer.precision=32-true")
+
+
+def accelerator_error(accelerator: str | None) -> str | None:
+    """One line, before any work, when a CUDA accelerator is asked for where torch sees no CUDA device."""
+    if accelerator not in ("gpu", "cuda") or torch.cuda.is_available():
+        return None
+    build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+    return (f"trainer.accelerator={accelerator} needs a CUDA GPU, and torch sees none (torch {torch.__version__}, "
+            f"{build}); on a GPU machine install torch's CUDA wheel, or train here with trainer=cpu")

@@ -230,7 +230,8 @@ SCHEMA: dict[str, Group] = {
         "log_every_n_steps": POSITIVE_INT, "gradient_clip_val": Nullable(POSITIVE, "no clipping"),
         "precision": Choice(tuple(PRECISIONS), noun="supported", suggest=False,
                             described="32-true (float32), bf16-mixed (bfloat16 matmuls, float32 weights and "
-                                      "attention) or 64-true"), "enable_model_summary": Bool(), "num_sanity_val_steps": Int(0)}),
+                                      "attention) or 64-true"), "enable_model_summary": Bool(), "num_sanity_val_steps": Int(0),
+        "compile": Bool()}),
     "logger": Group({"_target_": Nullable(Choice(LOGGERS), "no logger"), "name": Text(), "project": Text(),
                      "mode": Choice(("offline", "online", "disabled"), "offline, online or disabled", "a W&B mode")}, owner="the logger class (logger._target_)"),
     "diagnostics": Group({

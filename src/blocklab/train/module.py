@@ -48,9 +48,12 @@ def rng_states() -> dict:
 
 class LitTransformer(L.LightningModule):
     def __init__(self, model_cfg: ModelConfig, optim: dict, in_distribution: list[int] | None = None,
-                 target_loss: float | None = None):
+                 target_loss: float | None = None, compile: bool = False):
         super().__init__()
         self.model = build_model(model_cfg)
+        # trainer.compile: only the training step's forward (a function, so the state dict keeps its keys).
+        # Evaluation decodes token by token at every length, where each new shape would compile again.
+        self._train_forward = torch.compile(self.model.forward, dynamic=True) if compile else None
         self.optim = optim
         self.in_distribution = set(in_distribution or [])
         self.val_loss = MeanMetric()
@@ -102,8 +105,8 @@ class LitTransformer(L.LightningModule):
     def forward(self, idx, **kwargs):
         return self.model(idx, **kwargs)
 
-    def batch_loss(self, batch, reduction: str = "mean"):
-        logits = self.model(batch["input"], **model_inputs(batch))
+    def batch_loss(self, batch, reduction: str = "mean", model=None):
+        logits = (model or self.model)(batch["input"], **model_inputs(batch))
         return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE,
                                reduction=reduction)
 
@@ -111,7 +114,7 @@ class LitTransformer(L.LightningModule):
         self._step_start = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
-        loss = self.batch_loss(batch)
+        loss = self.batch_loss(batch, model=self._train_forward)
         # Lightning hands metrics to the logger only every log_every_n_steps, and self.log costs a
         # noticeable part of a small step (`python -m blocklab.bench overhead` times what Lightning
         # adds); so log exactly when it would be written (and always a blown-up loss).

@@ -71,6 +71,8 @@ def refusal(groups: dict, launcher: str | None) -> str | None:
         return f"a pack trains on the CPU (trainer.accelerator={accelerator})"
     if str(trainer.get("precision", "32-true")) not in ("32-true", "32"):
         return f"a pack trains in float32 (trainer.precision={trainer['precision']})"
+    if trainer.get("compile"):
+        return "a pack is not compiled (trainer.compile=true)"
     if launcher != BASIC_LAUNCHER:
         return f"packing needs Hydra's basic launcher, which runs the jobs one after another (not {launcher})"
     return None

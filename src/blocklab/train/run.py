@@ -12,11 +12,12 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from blocklab.experiment import Setup
-from blocklab.hardware import precision_warning
+from blocklab.errors import ConfigError
+from blocklab.hardware import accelerator_error, precision_warning
 from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
 from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, LastCheckpoint, StepProgressBar
 from blocklab.train.checks import check_run_dir
@@ -50,6 +51,8 @@ def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
 def prepare(cfg: DictConfig) -> Setup:
     """Everything that can fail on bad input, before any file is written."""
     setup = Setup.from_config(cfg)
+    if error := accelerator_error(setup.groups["trainer"].get("accelerator")):
+        raise ConfigError(error)
     check_loggers(cfg.logger)
     check_run_dir(setup.run_dir)
     return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, setup.groups))
@@ -80,7 +83,8 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
         f"-h{picked['n_heads']}-s{picked['seed']}"
     lit = LitTransformer(setup.model_cfg, groups["optim"],
-                         [n for n in task.eval_lengths if task.in_distribution(n)], target_loss=groups["target_loss"])
+                         [n for n in task.eval_lengths if task.in_distribution(n)], target_loss=groups["target_loss"],
+                         compile=bool(groups["trainer"].get("compile")))
 
     loggers = build_loggers(cfg, run_dir, f"{task.name}-{run_name}", task.name, sweep_tags_and_group(groups))
     for logger in loggers:
@@ -95,7 +99,8 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         diagnostics = Diagnostics(task.probe_batch(diag_cfg["probe_examples"]), run_dir / "diagnostics",
                                   diag_cfg["every_n_steps"], diag_cfg["sparsity_eps"], diag_cfg["attention_maps"])
         callbacks.append(diagnostics)
-    trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir))
+    lightning_args = OmegaConf.masked_copy(cfg.trainer, [k for k in cfg.trainer if k != "compile"])
+    trainer = instantiate(lightning_args, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir))
 
     # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
     # which dropout draws from and the checkpoint carries, exactly where the training steps leave it.
