@@ -368,3 +368,16 @@ def test_short_runs_train_and_evaluate(overrides, run_dir):
     saved = json.loads((run_dir / "model.json").read_text())
     assert saved["pos"]["coupled"] == ("pos.coupled=true" in overrides)
     assert saved["pos"]["abacus"] == ("pos.abacus=true" in overrides)
+    # Generation from a free prompt has no digit indices or coupled ids to give: one line, naming the setting.
+    from blocklab.generate import main as generate_main
+    setting = "pos.coupled" if "pos.coupled=true" in overrides else "pos.abacus"
+    with pytest.raises(SystemExit, match=f"trained with {setting}.*position streams come from the task"):
+        generate_main([str(run_dir), "--prompt", "12+34="])
+
+
+def test_generation_refuses_exactly_the_settings_whose_positions_come_from_the_task():
+    from blocklab.generate import derived_positions_error
+    assert derived_positions_error(Placement()) is None
+    assert derived_positions_error(Placement(coupled_offset=0)) is None
+    assert "pos.randomize" in derived_positions_error(Placement(random_max=64))
+    assert "pos.coupled, pos.abacus" in derived_positions_error(Placement(coupled=True, abacus=True))

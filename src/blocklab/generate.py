@@ -10,6 +10,7 @@ from blocklab.errors import ConfigError
 from blocklab.experiment import Setup
 from blocklab.model.generate import generate
 from blocklab.model.transformer import ARCHITECTURES
+from blocklab.tasks.placement import Placement
 
 
 def main(argv=None) -> None:
@@ -30,6 +31,9 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: {args.run_dir} trained model.arch={setup.model_cfg.arch}, which fills in masked "
                          "tokens and does not continue a prompt; generate from a run with model.arch=decoder or "
                          "encoder_decoder")
+    placement_error = derived_positions_error(Placement.from_pos(setup.groups["pos"]))
+    if placement_error:
+        raise SystemExit(f"error: {args.run_dir} {placement_error}")
     tokenizer = setup.saved_tokenizer()
     unknown_error = unknown_characters_error(tokenizer, args.prompt)
     if unknown_error:
@@ -48,6 +52,18 @@ def main(argv=None) -> None:
     if eos in new:
         new = new[: new.index(eos) + 1]
     sys.stdout.write(args.prompt + tokenizer.decode(new, skip_special_tokens=False) + "\n")
+
+
+def derived_positions_error(placement: Placement) -> str | None:
+    """Coupled ids, Abacus digit indices and randomized positions come from the task's view of each example
+    (which digit of which number, a draw over [0, L)); a free prompt has none to give."""
+    settings = [f"pos.{key}" for key, on in (("coupled", placement.coupled), ("abacus", placement.abacus),
+                                             ("randomize", placement.random_max is not None)) if on]
+    if not settings:
+        return None
+    return (f"trained with {', '.join(settings)}: its position streams come from the task's structure of each "
+            "example, which a free prompt does not have; its results.json eval rows are its greedy decoding at "
+            "every length, or generate from a run without these settings")
 
 
 def unknown_characters_error(tokenizer: Tokenizer, prompt: str) -> str | None:
