@@ -54,6 +54,18 @@ def test_every_exercise_but_the_proof_is_named_in_a_sweep_header():
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_JOBS))
+def test_a_bar_never_pools_settings(name):
+    """A bar's error bar is an interval over the seeds of one setting: every key the sweep varies (but the seed)
+    is one of its `by` keys or fixed by its `where`."""
+    swept = {o.partition("=")[0] for job in expand(name) for o in job} - {"seed"}
+    varied = {k for k in swept if len({o for job in expand(name) for o in job if o.startswith(k + "=")}) > 1}
+    for plot in OmegaConf.load(SWEEPS / f"{name}.yaml").study.get("plots", []):
+        if plot.kind == "bar":
+            by = [plot.by] if isinstance(plot.by, str) else list(plot.by)
+            assert varied <= {*by, *plot.get("where", {})}, (plot.metric, varied - {*by, *plot.get("where", {})})
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_JOBS))
 def test_sweep_expands_to_valid_jobs(name, tmp_path):
     jobs = expand(name)
     assert len(jobs) == EXPECTED_JOBS[name]
