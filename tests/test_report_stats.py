@@ -114,7 +114,7 @@ def test_a_loss_is_better_lower_and_a_diagnostic_has_no_winner_word():
 def test_degenerate_metrics_read_as_sentences():
     rows = [row(k, s, exact_match_out=0.0, exact_match_in=v) for k, v in (("a", 0.5), ("b", 0.7)) for s in (0, 1)]
     (zero,) = findings(rows, ["setting"], "exact_match_out")
-    assert zero.text == "every setting scores 0 on exact_match_out (4 runs): it does not tell the settings apart."
+    assert zero.text == "every setting scores 0.000 on exact_match_out (4 runs): it does not tell the settings apart."
     single = [row(k, 0, exact_match_in=v) for k, v in (("a", 0.5), ("b", 0.7))]
     (one,) = findings(single, ["setting"], "exact_match_in")
     assert "one run each, so the seed spread is unknown and no winner is named" in one.text
@@ -212,7 +212,7 @@ def test_the_report_tables_show_the_study_metrics_with_intervals_and_the_csv_kee
             "flops_per_token", "tokens_per_s", "params", "steps"} <= set(columns)
     # The findings answer with the study's metrics: the winner on exact_match_in, the all-zero sentence.
     assert "exact_match_in (higher is better): reverse_answer=True is best, 0.970 [0.950, 0.990]" in page
-    assert "every setting scores 0 on exact_match_out (6 runs)" in page
+    assert "every setting scores 0.000 on exact_match_out (6 runs)" in page
     assert "no setting generalizes beyond the training length: no seed reaches exact_match ≥ 0.9" in page
     assert "final_val_loss" not in re.search(r"What the numbers show.*?</ul>", page, re.DOTALL).group(0)
 

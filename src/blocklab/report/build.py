@@ -102,7 +102,7 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
     values = [v for _, e in estimates for v in e.values]
     if min(values) == max(values):
         who = "every setting scores" if len(estimates) > 1 else "every run scores"
-        return [Finding(f"{who} {values[0]:g} on {metric} ({len(values)} runs): it does not tell the settings "
+        return [Finding(f"{who} {stats.fmt(values[0])} on {metric} ({len(values)} runs): it does not tell the settings "
                         "apart.")]
     if len(estimates) == 1:
         (key, e), = estimates
