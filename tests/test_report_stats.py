@@ -101,6 +101,15 @@ def test_findings_name_a_winner_or_say_not_distinguishable():
     assert "is best" not in close.text
 
 
+def test_settings_tied_with_the_best_on_every_seed_share_one_line():
+    rows = [row(name, s, diverged=0.0) for name in "abc" for s in range(3)]
+    rows += [row("d", s, diverged=1.0) for s in range(3)]
+    (finding,) = findings(rows, ["setting"], "diverged")
+    assert finding.details[0] == ("2 other settings score exactly as the best does on every seed (0.000): "
+                                  "setting=b; setting=c.")
+    assert len(finding.details) == 2 and finding.details[1].startswith("setting=d: 1.000")
+
+
 def test_a_loss_is_better_lower_and_a_diagnostic_has_no_winner_word():
     rows = [row("a", s, final_val_loss=v, head_similarity=v) for s, v in enumerate((0.1, 0.11, 0.12))]
     rows += [row("b", s, final_val_loss=v, head_similarity=v) for s, v in enumerate((0.5, 0.51, 0.52))]

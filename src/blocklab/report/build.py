@@ -117,12 +117,18 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
                         f"{_name(keys, worst_key)} ({stats.fmt(worst.mean)}); one run each, so the seed spread is "
                         "unknown and no winner is named (add seeds).")]
     better = "better" if higher is not None else "higher"
-    details, apart = [], []
+    details, apart, tied = [], [], []
     for key, e in ordered[1:]:
+        if sorted(e.values) == sorted(best.values):  # the same score on every seed: one line for all of them
+            tied.append(_name(keys, key))
+            continue
         p = stats.prob_improvement(best.values, e.values, higher_is_better=higher is not False)
         apart += [key] if not stats.overlap(best, e) else []
         details.append(f"{_name(keys, key)}: {stats.mean_interval(e)}; P({word} {better}) = {p:.2f}; "
                        f"{stats.verdict(best, e, better=f'the {word} is {better} (intervals apart)')}.")
+    if tied:
+        details.insert(0, f"{len(tied)} other setting{'s' if len(tied) > 1 else ''} score exactly as the {word} does "
+                          f"on every seed ({stats.fmt(best.mean)}): {'; '.join(tied)}.")
     others, seeds, setting = len(ordered) - 1, f"{best.n} seed{'s' if best.n > 1 else ''}", _name(keys, best_key)
     mean = stats.mean_interval(best)
     if not apart:
