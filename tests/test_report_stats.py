@@ -344,3 +344,26 @@ def test_curves_carry_seed_bands_short_labels_and_a_legend_beside_the_axes():
     assert list(ax.get_lines()[0].get_ydata()) == [2.0, 3.0] and len(ax.collections) == 2
     assert ax.get_legend().get_title().get_text() == "task, n_layers"
     plt.close(fig)
+
+
+def test_a_curve_over_a_choice_reads_a_results_field_by_its_dotted_path(tmp_path):
+    """attention_cost plots costs.step_peak_bytes, which is in results.json, not a report column."""
+    import matplotlib.pyplot as plt
+
+    from blocklab.report.build import PLOTS
+
+    rows = []
+    for block in (256, 512):
+        for seed in (0, 1):
+            run = tmp_path / f"b{block}-s{seed}"
+            run.mkdir()
+            (run / "results.json").write_text(json.dumps({"costs": {"step_peak_bytes": block * 1000 + seed}}))
+            rows.append({**row("mha", seed), "run": str(run), "attn": "mha", "task.block_size": block})
+    fig, ax = plt.subplots()
+    assert PLOTS["by_choice"](ax, rows, {"x": "task.block_size"}, "costs.step_peak_bytes", ["attn"]) is None
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [256, 512] and list(line.get_ydata()) == [256000.5, 512000.5]
+    plt.close(fig)
+    fig, ax = plt.subplots()  # a field no run has: said on the axes, not a crash on the log axis
+    assert "not recorded" in PLOTS["by_choice"](ax, rows, {"x": "task.block_size"}, "costs.missing", ["attn"])
+    plt.close(fig)

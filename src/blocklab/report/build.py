@@ -175,13 +175,19 @@ def plot_by_length(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
 @PLOTS.register("by_choice")
 def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """The metric against a numeric choice `x` (log2 axis), one line per setting: the mean over seeds, the seed
-    range shaded."""
+    range shaded. `metric` (and `x`) is a report column or a results.json field by dotted path."""
+    drawn = False
     for key, members in group(rows, by).items():
-        xs = sorted({m.get(spec["x"]) for m in members if m.get(spec["x"]) is not None})
-        per_x = [stats.finite([m.get(metric) for m in members if m.get(spec["x"]) == x]) for x in xs]
+        xs = sorted({_value(m, spec["x"]) for m in members if _value(m, spec["x"]) is not None})
+        per_x = [stats.finite([_value(m, metric) for m in members if _value(m, spec["x"]) == x]) for x in xs]
         xs, per_x = [x for x, v in zip(xs, per_x) if v], [v for v in per_x if v]
+        if not xs:
+            continue
         (line,) = ax.plot(xs, [sum(v) / len(v) for v in per_x], marker="o", label=_label(key) or metric)
         _band(ax, xs, [min(v) for v in per_x], [max(v) for v in per_x], line)
+        drawn = True
+    if not drawn:
+        return not_recorded(ax, metric)
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"{spec['x']} (shaded: min to max over seeds)")
     _legend(ax, by)
