@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from blocklab.experiment import Setup
@@ -99,7 +99,8 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         diagnostics = Diagnostics(task.probe_batch(diag_cfg["probe_examples"]), run_dir / "diagnostics",
                                   diag_cfg["every_n_steps"], diag_cfg["sparsity_eps"], diag_cfg["attention_maps"])
         callbacks.append(diagnostics)
-    lightning_args = OmegaConf.masked_copy(cfg.trainer, [k for k in cfg.trainer if k != "compile"])
+    # Resolved first: a trainer key may interpolate another group (a sweep's max_steps: ${mul:600,${study.scale}}).
+    lightning_args = {k: v for k, v in groups["trainer"].items() if k != "compile"}
     trainer = instantiate(lightning_args, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir))
 
     # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
