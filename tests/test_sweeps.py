@@ -220,3 +220,13 @@ def test_every_key_of_logger_and_diagnostics_stays_out_of_job_names(group):
             assert not names_the_job(f"{group}.{key}=x"), f"{group}.{key} ({option.name}) would name sweep jobs"
     assert names_the_job("pos=rope") and names_the_job("+model.d_ff=8")
     assert not names_the_job("hydra/launcher=joblib") and not names_the_job("hydra.launcher.n_jobs=2")
+
+
+def test_a_sweep_job_trains_with_the_step_count_its_file_interpolates(run_dir):
+    """A sweep file's trainer.max_steps is ${mul:N,${study.scale}}: the trainer must get it resolved (every other
+    sweep test overrides max_steps, which hid a trainer built from an unresolved copy)."""
+    from blocklab.results import read_results
+    from conftest import run_in_process
+
+    run_in_process(["sweep=attention_cost", "attn=mha", "task.block_size=256", "logger=none"], run_dir)
+    assert read_results(run_dir)["steps"] == 20
