@@ -17,7 +17,7 @@ CONF = CONF_DIR  # the packaged config (conf/ at the root is a link to it)
 
 # Fast settings for end-to-end runs: a few steps, small eval sets, no W&B unless a test asks, and no attention
 # heatmap PNGs (drawing them is most of a 20-step run; test_analysis covers them).
-FAST = ["trainer=debug", "logger=none", "task.eval_examples=16", "diagnostics.attention_maps=none"]
+FAST = ["trainer=debug", "logger=none", "task.eval_examples=16", "++diagnostics.attention_maps=none"]
 
 
 def compose_config(overrides: list[str], run_dir: Path | None = None):

@@ -104,7 +104,7 @@ def test_the_attention_scale_sweep_varies_d_head_and_the_factor_over_seeds_and_p
         {"default", "none"}
     assert len({job["seed"] for job in jobs}) >= 3
     header = [line for line in path.read_text().splitlines() if line.startswith("#")]
-    assert re.search(rf"\b{len(jobs)} jobs, estimated\b", " ".join(header))  # the stated count is the real one
+    assert re.search(rf"\b{len(jobs)} jobs, \d+ min\b", " ".join(header))  # the stated count is the real one
     study = OmegaConf.load(path)["study"]
     entropy = [p for p in study["plots"] if p["kind"] == "by_layer" and p["metric"] == "attention_entropy"]
     assert {p["when"] for p in entropy} == {"init", "end"}
