@@ -57,8 +57,12 @@ def test_every_exercise_but_the_proof_is_named_in_a_sweep_header():
 def test_a_bar_never_pools_settings(name):
     """A bar's error bar is an interval over the seeds of one setting: every key the sweep varies (but the seed)
     is one of its `by` keys or fixed by its `where`."""
-    swept = {o.partition("=")[0] for job in expand(name) for o in job} - {"seed"}
-    varied = {k for k in swept if len({o for job in expand(name) for o in job if o.startswith(k + "=")}) > 1}
+    values: dict[str, set] = {}
+    for job in expand(name):
+        for override in job:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    varied = {key for key, seen in values.items() if len(seen) > 1} - {"seed"}
     for plot in OmegaConf.load(SWEEPS / f"{name}.yaml").study.get("plots", []):
         if plot.kind == "bar":
             by = [plot.by] if isinstance(plot.by, str) else list(plot.by)

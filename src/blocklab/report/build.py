@@ -178,8 +178,9 @@ def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
     range shaded. `metric` (and `x`) is a report column or a results.json field by dotted path."""
     drawn = False
     for key, members in group(rows, by).items():
-        xs = sorted({_value(m, spec["x"]) for m in members if _value(m, spec["x"]) is not None})
-        per_x = [stats.finite([_value(m, metric) for m in members if _value(m, spec["x"]) == x]) for x in xs]
+        points = [(_value(m, spec["x"]), _value(m, metric)) for m in members]  # each run's fields read once
+        xs = sorted({x for x, _ in points if x is not None})
+        per_x = [stats.finite([y for px, y in points if px == x]) for x in xs]
         xs, per_x = [x for x, v in zip(xs, per_x) if v], [v for v in per_x if v]
         if not xs:
             continue
