@@ -18,7 +18,8 @@ from blocklab.results import read_results
 from blocklab.schema import schema_errors
 from blocklab.train.grouped import GroupedModel, fold
 from blocklab.train.pack import Pack, pack_of, train_pack
-from blocklab.train.pack_jobs import BASIC_LAUNCHER, refusal
+from blocklab.train.pack_jobs import refusal
+from blocklab.train.sweep import BASIC_LAUNCHER, JOBLIB_LAUNCHER
 from conftest import FAST, ROOT, compose_config, run_in_process
 
 QUIET = ["logger=none", "diagnostics=none", "task.eval_examples=16", "task.eval_lengths=[4,16,20]"]
@@ -234,11 +235,15 @@ def test_fold_right_pads_each_members_batch_as_the_task_pads():
 def test_configs_that_cannot_pack_say_why():
     base = compose_config(QUIET)
     groups = {"trainer": dict(base.trainer)}
-    assert refusal(groups, BASIC_LAUNCHER) is None
-    assert "DDP" in refusal({"trainer": {**groups["trainer"], "strategy": "ddp", "devices": 2}}, BASIC_LAUNCHER)
-    assert "float32" in refusal({"trainer": {**groups["trainer"], "precision": "bf16-mixed"}}, BASIC_LAUNCHER)
-    assert "compiled" in refusal({"trainer": {**groups["trainer"], "compile": True}}, BASIC_LAUNCHER)
-    assert "basic launcher" in refusal(groups, "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher")
+    basic = {"_target_": BASIC_LAUNCHER}
+    assert refusal(groups, basic) is None
+    assert refusal(groups, {"_target_": JOBLIB_LAUNCHER, "n_jobs": 1}) is None  # joblib then runs them in order
+    assert "DDP" in refusal({"trainer": {**groups["trainer"], "strategy": "ddp", "devices": 2}}, basic)
+    assert "float32" in refusal({"trainer": {**groups["trainer"], "precision": "bf16-mixed"}}, basic)
+    assert "compiled" in refusal({"trainer": {**groups["trainer"], "compile": True}}, basic)
+    assert "one after another" in refusal(groups, {"_target_": JOBLIB_LAUNCHER, "n_jobs": -1})
+    assert "one after another" in refusal(groups, {"_target_": "hydra_plugins.hydra_submitit_launcher."
+                                                                "submitit_launcher.LocalLauncher"})
 
 
 def test_pack_seeds_must_be_a_boolean():
@@ -302,7 +307,7 @@ def test_an_interrupted_pack_resumes_to_exactly_what_an_uninterrupted_one_ends_w
 def sweep(sweep_dir, *extra: str) -> list[str]:
     return [sys.executable, str(ROOT / "train.py"), "-m", "sweep=causal_mask", "seed=0,1", "attn.causal=true",
             "trainer.max_steps=60", "trainer.val_check_interval=30", "checkpoint_every=10", "task.eval_examples=16",
-            "diagnostics=none", f"hydra.sweep.dir={sweep_dir}", *extra]
+            "diagnostics=none", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep_dir}", *extra]
 
 
 def finished(sweep_dir) -> dict:

@@ -1,9 +1,12 @@
 """Real distributed engines: Lightning DDP on CPU (gloo, 2 processes), DDP inside a Hydra multirun,
-and the submitit launcher running jobs as separate processes."""
+the default joblib launcher running jobs side by side, and the submitit launcher running jobs as separate
+processes."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -13,8 +16,11 @@ TINY = ["trainer.max_steps=30", "trainer.val_check_interval=15", "logger=none", 
         "diagnostics=none"]
 
 
-def train(args, timeout=600):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on two cores: no thread oversubscription
+def train(args, timeout=600, threads: str | None = "1"):
+    """train.py; `threads` is OMP_NUM_THREADS (None: unset, as a user's shell has it)."""
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = threads  # two processes on two cores: no thread oversubscription
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -34,10 +40,11 @@ def test_ddp_trains_with_two_processes(tmp_path):
 
 @pytest.mark.slow  # 24 s; test_ddp_trains_with_two_processes covers DDP in the default run
 def test_ddp_inside_multirun_runs_each_job_once(tmp_path):
-    proc = train(["-m", "trainer=ddp", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    proc = train(["-m", "trainer=ddp", "seed=0,1", "hydra.launcher.n_jobs=1", *TINY,
+                  f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
-    assert output.count("Launching 2 jobs") == 1  # the child ranks did not re-run the sweep (hydra #2070)
+    assert output.count("launching 2 jobs") == 1  # the child ranks did not re-run the sweep (hydra #2070)
     assert statuses(tmp_path / "sweep") == ["completed", "completed"]
     assert not list(tmp_path.glob("sweep/*/*/results.json"))  # no nested sweeps
 
@@ -50,10 +57,49 @@ def test_submitit_local_launcher_runs_jobs_in_their_own_processes(tmp_path):
     assert list(sweep.glob(".submitit/*/*_log.out"))  # submitit's own job logs: a separate process ran it
 
 
-def test_joblib_launcher_runs_jobs_in_parallel(tmp_path):
+def test_multirun_jobs_run_side_by_side_on_their_share_of_the_cores(tmp_path):
+    """The default launcher: joblib's workers, one job per core, each with cores // jobs threads, unless
+    trainer.threads says otherwise; each job its own directory; no live progress bar to overwrite another's."""
     sweep = tmp_path / "joblib"
-    proc = train(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=0,1", *TINY,
-                  f"hydra.sweep.dir={sweep}"])
+    proc = train(["-m", "trainer.threads=null,2", *TINY, f"hydra.sweep.dir={sweep}"], threads=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Joblib.Parallel" in proc.stdout + proc.stderr
-    assert statuses(sweep) == ["completed", "completed"]
+    assert "Joblib.Parallel(n_jobs=-1" in proc.stdout + proc.stderr
+    results = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}
+    assert sorted(results) == ["0", "1"] and {r["status"] for r in results.values()} == {"completed"}
+    assert results["0"]["threads"] == 1 and results["1"]["threads"] == 2  # loky's share; the key's value
+    assert "\x1b[" not in proc.stdout
+
+
+def test_an_interrupted_side_by_side_sweep_saves_every_running_job_and_resumes(tmp_path):
+    """SIGTERM to the launching process alone: it passes the signal on to joblib's workers, each running job saves
+    its checkpoint, the queued job does not start, exit 143; the same command resumes and finishes all three."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", "seed=0,1,2", "trainer.max_steps=150", "checkpoint_every=5",
+           *TINY[1:], f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while len(list(sweep.glob("*/checkpoints/last.ckpt"))) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, output[-3000:]
+    assert output.count("checkpoint saved in") == 2 and "sweep interrupted" in output
+    assert "Traceback" not in output and not list(sweep.glob("*/results.json"))
+    assert sorted(p.parent.parent.name for p in sweep.glob("*/checkpoints/last.ckpt")) == ["0", "1"]
+
+    rerun = train(cmd[2:], threads=None)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.stdout.count("resuming") == 2
+    assert statuses(sweep) == ["completed"] * 3
+    assert all(json.loads(p.read_text())["steps"] == 150 for p in sweep.glob("*/results.json"))
+
+
+@pytest.mark.parametrize("args, refused", [
+    (["trainer=ddp"], "trainer.strategy=ddp"),
+    (["sweep=causal_mask", "study.pack_seeds=true"], "study.pack_seeds=true"),
+], ids=["ddp", "pack_seeds"])
+def test_what_cannot_run_beside_other_jobs_is_refused_before_launch(args, refused, tmp_path):
+    proc = train(["-m", "seed=0,1", *args, *TINY, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: {refused}") and "add hydra.launcher.n_jobs=1" in proc.stderr
+    assert not (tmp_path / "sweep").exists()

@@ -18,6 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from blocklab.train.run import prepare
+from blocklab.train.sweep import one_job_at_a_time
 from conftest import CONF, ROOT, compose_config, report_page
 
 SWEEPS = CONF / "sweep"
@@ -132,6 +133,19 @@ def test_sweep_files_write_to_their_study_folder_and_other_multiruns_to_a_dated_
     assert directory.startswith("outputs/multirun/") and len(Path(directory).parts) == 4 and subdir == "7"
     for path in SWEEPS.glob("*.yaml"):  # the layout is defined once, in config.yaml
         assert "dir:" not in path.read_text(), path.name
+
+
+def launcher(overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return OmegaConf.to_container(compose(config_name="config", overrides=overrides,
+                                              return_hydra_config=True).hydra.launcher)
+
+
+def test_sweeps_run_jobs_side_by_side_except_those_that_time_them():
+    """Side by side, jobs share the cores and the memory bus: a sweep whose question is speed runs one at a time."""
+    assert launcher(["sweep=pe_copy"])["n_jobs"] == -1
+    for timed in ("attention_cost", "attention_variants"):
+        assert one_job_at_a_time(launcher([f"sweep={timed}"])), timed
 
 
 def sweep_cmd(sweep_dir: Path) -> list[str]:

@@ -25,7 +25,16 @@ def main() -> None:
         _check_single_run(sys.argv[1:])
     if is_multirun(sys.argv[1:]):
         _check_every_job(sys.argv[1:])
-    train()
+    from blocklab.train.sweep import INTERRUPTED
+
+    try:
+        train()
+    except BaseException:
+        if not INTERRUPTED["received"]:
+            raise
+    if INTERRUPTED["received"]:  # jobs side by side, each running one saved its checkpoint (JobsInterrupt)
+        print("sweep interrupted: run the same command again to resume it", file=sys.stderr)
+        raise SystemExit(143)
 
 
 def _check_single_run(argv: list[str]) -> None:

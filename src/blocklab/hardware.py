@@ -42,6 +42,13 @@ def native_bf16() -> bool | None:
     return any(flag in flags for flag in NATIVE_BF16_FLAGS) or "bf16" in flags  # "bf16": ARMv8.6 BFloat16
 
 
+def use_threads(trainer: dict) -> None:
+    """trainer.threads, where set; else torch keeps what the process was given (every core, or under the
+    parallel launcher the share joblib's loky workers get through OMP_NUM_THREADS)."""
+    if threads := trainer.get("threads"):
+        torch.set_num_threads(threads)
+
+
 def describe() -> dict:
     """The CPU the figures were taken on: model, torch's kernel level, the kernel-relevant flags, threads."""
     flags = cpu_flags()

@@ -6,6 +6,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
 from blocklab.results import console_kwargs
+from blocklab.train.sweep import beside_other_jobs
 
 
 class DivergenceGuard(Callback):
@@ -32,7 +33,10 @@ class StepProgressBar(RichProgressBar):
     times what Lightning adds)."""
 
     def __init__(self, refresh_rate: int = 4, **kwargs):
-        kwargs["console_kwargs"] = {**console_kwargs(), **kwargs.get("console_kwargs", {})}
+        # Jobs side by side share the terminal: a live bar each would overwrite the others' lines, so each
+        # prints its bar once, when done.
+        side_by_side = {"force_terminal": False, "width": 120} if beside_other_jobs() else {}
+        kwargs["console_kwargs"] = {**console_kwargs(), **side_by_side, **kwargs.get("console_kwargs", {})}
         super().__init__(refresh_rate=refresh_rate, **kwargs)
 
     def _get_train_description(self, current_epoch: int) -> str:

@@ -60,6 +60,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "train_time_s": round(lit.train_time_s, 3),
         "tokens_per_s": lit.tokens_seen / lit.step_time_s if lit.step_time_s else 0.0,
         "ms_per_step": 1000 * lit.step_time_s / max(1, steps),
+        "threads": torch.get_num_threads(),  # the times above depend on it (trainer.threads, the launcher)
         "final_train_loss": lit.last_train_loss,
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": diverged_at_step,

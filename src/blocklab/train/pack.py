@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from blocklab.experiment import SAVED_CONFIG, Setup
+from blocklab.hardware import use_threads
 from blocklab.results import (CHECKPOINT, RESULTS_FILE, console_kwargs, flatten, previous_status, print_summary,
                               write_results)
 from blocklab.tasks.base import IGNORE
@@ -73,6 +74,7 @@ def prepared(cfg: DictConfig) -> Setup:
 
 def build(members: list[Member]) -> None:
     """Each member's module with its own init, exactly as its run alone builds it."""
+    use_threads(members[0].setup.groups["trainer"])  # the members differ only in seed
     for m in members:
         groups, task = m.setup.groups, m.setup.task
         L.seed_everything(m.seed, workers=True, verbose=False)

@@ -1,12 +1,12 @@
 """study.pack_seeds=true: a sweep's jobs that differ only in their seed train together as one pack
-(train/pack.py). Hydra's basic launcher runs a sweep's jobs one after another in one process; the first job of
+(train/pack.py). With hydra.launcher.n_jobs=1 a sweep's jobs run one after another in one process; the first job of
 such a group to run trains every seed of the group that is not finished, into the directories Hydra gives those
 jobs (the job's override_dirname with its seed changed, named by Hydra's own function), and the group's later
 jobs find their results and are skipped as any finished job is.
 
 Not packed, each seed then running as its own job, as without the option (one note line says why): DDP or
-several devices, an accelerator other than the CPU, a precision other than 32-true, another Hydra launcher
-(joblib, submitit: jobs run side by side), a seed group's members resuming from different steps, and models
+several devices, an accelerator other than the CPU, a precision other than 32-true, jobs side by side (joblib's
+default, submitit; joblib's is refused before launch), a seed group's members resuming from different steps, and models
 whose members would not compute alone what they compute packed (train/grouped.py checks every pack on its first
 batches: e.g. BatchNorm's statistics over the batch, MoE's routing, performer's and linformer's parameters
 used outside linear, embedding and norm layers)."""
@@ -26,10 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from blocklab.errors import ConfigError
 from blocklab.overrides import command_line_overrides
 from blocklab.results import previous_status, swept_overrides
-from blocklab.train.sweep import FINAL_STATUSES, in_sweep, sweep_tags_and_group
-
-BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-
+from blocklab.train.sweep import FINAL_STATUSES, in_sweep, one_job_at_a_time, sweep_tags_and_group
 
 def packed_or_alone(alone: Callable[[DictConfig], float | None]) -> Callable[[DictConfig], float | None]:
     """A sweep job's training: with study.pack_seeds, its seed group as one pack; otherwise `alone(cfg)`."""
@@ -59,7 +56,7 @@ def packed_or_alone(alone: Callable[[DictConfig], float | None]) -> Callable[[Di
     return train
 
 
-def refusal(groups: dict, launcher: str | None) -> str | None:
+def refusal(groups: dict, launcher: dict) -> str | None:
     """Why a job's config (and Hydra's launcher) trains its seeds one after another even with study.pack_seeds
     (None: it can pack)."""
     trainer = groups["trainer"]
@@ -73,8 +70,9 @@ def refusal(groups: dict, launcher: str | None) -> str | None:
         return f"a pack trains in float32 (trainer.precision={trainer['precision']})"
     if trainer.get("compile"):
         return "a pack is not compiled (trainer.compile=true)"
-    if launcher != BASIC_LAUNCHER:
-        return f"packing needs Hydra's basic launcher, which runs the jobs one after another (not {launcher})"
+    if not one_job_at_a_time(launcher):
+        return ("packing needs the jobs one after another (hydra.launcher.n_jobs=1, or hydra/launcher=basic), "
+                f"not side by side ({launcher.get('_target_')})")
     return None
 
 
@@ -105,7 +103,7 @@ def seed_group(cfg: DictConfig) -> list[tuple[DictConfig, list[str]]] | str:
     from blocklab.train.pack import prepared
 
     groups = OmegaConf.to_container(cfg, resolve=True)
-    reason = refusal(groups, HydraConfig.get().launcher.get("_target_"))
+    reason = refusal(groups, OmegaConf.to_container(HydraConfig.get().launcher))
     if reason:
         return reason
     mine = list(HydraConfig.get().overrides.task)

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from blocklab.experiment import Setup
 from blocklab.errors import ConfigError
-from blocklab.hardware import accelerator_error, precision_warning
+from blocklab.hardware import accelerator_error, precision_warning, use_threads
 from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
 from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, LastCheckpoint, StepProgressBar
 from blocklab.train.checks import check_run_dir
@@ -27,8 +27,8 @@ from blocklab.train.module import LitTransformer
 from blocklab.train.outcome import choices, outcome
 from blocklab.train.pack_jobs import packed_or_alone
 from blocklab.train.resume import resume_step, set_aside_checkpoints
-from blocklab.train.sweep import (in_sweep, job_overrides, relaunch_only_this_job, run_as_sweep_job,
-                                  sweep_tags_and_group)
+from blocklab.train.sweep import (INTERRUPTED, beside_other_jobs, in_sweep, job_overrides, relaunch_only_this_job,
+                                  run_as_sweep_job, sweep_tags_and_group)
 
 # A run's console is its progress and its results: not Lightning's advertisements, its report of
 # accelerators a CPU run does not use, its note that max_steps was reached, or its restore messages
@@ -37,6 +37,8 @@ LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU availa
                      "Restoring states from the checkpoint", "Restored all states from the checkpoint")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
     lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER))
+# Trainer-group keys that BlockLab reads itself; the rest are lightning.Trainer's arguments.
+BLOCKLAB_TRAINER_KEYS = ("compile", "threads")
 # Lightning calls torch's deprecated pytree API on every fit; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
@@ -75,6 +77,7 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         setup.save(cfg)
     if in_sweep() and groups["trainer"].get("strategy") == "ddp":
         relaunch_only_this_job(run_dir)
+    use_threads(groups["trainer"])
     warning = precision_warning(groups["trainer"].get("accelerator"), str(groups["trainer"].get("precision", "32-true")))
     if warning and is_rank_zero:
         print(warning, file=sys.stderr)
@@ -100,7 +103,7 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
                                   diag_cfg["every_n_steps"], diag_cfg["sparsity_eps"], diag_cfg["attention_maps"])
         callbacks.append(diagnostics)
     # Resolved first: a trainer key may interpolate another group (a sweep's max_steps: ${mul:600,${study.scale}}).
-    lightning_args = {k: v for k, v in groups["trainer"].items() if k != "compile"}
+    lightning_args = {k: v for k, v in groups["trainer"].items() if k not in BLOCKLAB_TRAINER_KEYS}
     trainer = instantiate(lightning_args, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir))
 
     # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
@@ -114,6 +117,9 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     except SIGTERMException:
         print(f"interrupted at step {trainer.global_step}; checkpoint saved in {run_dir / CHECKPOINT.parent}. "
               "Run the same command again to resume.", file=sys.stderr)
+        if beside_other_jobs():  # the launching process ends the command once every running job has saved
+            INTERRUPTED["received"] = True
+            return None
         raise SystemExit(143) from None
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # the next job of a sweep starts its own group

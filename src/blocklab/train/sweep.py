@@ -3,6 +3,7 @@ and invalid jobs are skipped, a failed one is tried again with the record of its
 one is recorded without stopping the sweep; plus the DDP re-launch of one job, its W&B grouping, and the
 sweep-end step (SweepEnd)."""
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,12 +17,43 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from blocklab.errors import ConfigError
 from blocklab.results import RESULTS_FILE, previous_status, read_results, swept_overrides, write_results
 
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+JOBLIB_LAUNCHER = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
 # A job in one of these states is never run again: its result is final (invalid: its config cannot exist).
 FINAL_STATUSES = ("completed", "diverged", "invalid")
 
 
 def in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def one_job_at_a_time(launcher: dict) -> bool:
+    """Whether Hydra's launcher (the hydra.launcher config) runs a multirun's jobs one after another in this
+    process: the basic launcher, or joblib with n_jobs=1 (joblib then runs them in order, without workers)."""
+    target = launcher.get("_target_")
+    return target == BASIC_LAUNCHER or (target == JOBLIB_LAUNCHER and launcher.get("n_jobs") == 1)
+
+
+# Set once this process was interrupted while jobs ran side by side: in the launching process (JobsInterrupt),
+# and in a joblib worker whose job saved its checkpoint and stopped (its later jobs are then not started).
+INTERRUPTED = {"received": False}
+
+
+def beside_other_jobs() -> bool:
+    """Whether this run is a multirun job that runs while others do, on this machine or elsewhere."""
+    return in_sweep() and not one_job_at_a_time(OmegaConf.to_container(HydraConfig.get().launcher))
+
+
+def side_by_side_error(job: dict, launcher: dict) -> str | None:
+    """Why a job cannot run beside others on this machine (joblib's worker processes), with the fix."""
+    if launcher.get("_target_") != JOBLIB_LAUNCHER or one_job_at_a_time(launcher):
+        return None
+    fix = "add hydra.launcher.n_jobs=1 to run the jobs one after another"
+    if job["trainer"].get("strategy") == "ddp":
+        return f"trainer.strategy=ddp starts its own processes, which a job in joblib's workers cannot; {fix}"
+    if (job.get("study") or {}).get("pack_seeds"):
+        return f"study.pack_seeds=true trains a setting's seeds in its first job while the others wait; {fix}"
+    return None
 
 
 def job_overrides() -> list[str]:
@@ -32,6 +64,9 @@ def run_as_sweep_job(cfg: DictConfig, train: Callable[[DictConfig], float | None
     """`train(cfg)`, or inside a sweep what stands for it: the recorded result of a finished job, or
     None for a job that failed (recorded where its results would be). A single run fails loudly."""
     run_dir = Path(cfg.run_dir)
+    if INTERRUPTED["received"]:
+        print(f"not started {run_dir}: the sweep was interrupted")
+        return None
     status = previous_status(run_dir)
     if status in FINAL_STATUSES and in_sweep():
         print(f"skip {run_dir}: already {status}")
@@ -90,6 +125,42 @@ def wandb_group(study_name: str, sweep_dir: Path) -> str:
     return f"{study_name}-{launch}"
 
 
+class JobsInterrupt(Callback):
+    """Ctrl-C or SIGTERM while jobs run side by side in joblib's workers (conf/config.yaml hydra.callbacks):
+    the launching process passes SIGTERM on to the workers and waits; each running job finishes its step,
+    saves its checkpoint and returns, the jobs not yet started are not, and the command ends with exit 143
+    (blocklab.cli). Without this, joblib would stop its workers before any saved. A second Ctrl-C stops at once."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        launcher = OmegaConf.to_container(config.hydra.launcher)
+        if launcher.get("_target_") != JOBLIB_LAUNCHER or one_job_at_a_time(launcher):
+            return
+
+        def interrupt(signum, frame):
+            if INTERRUPTED["received"]:
+                if signum == signal.SIGINT:
+                    raise KeyboardInterrupt
+                return
+            INTERRUPTED["received"] = True
+            print("interrupted: each running job finishes its step and saves its checkpoint (Ctrl-C again: stop "
+                  "at once)", file=sys.stderr)
+            for pid in _joblib_worker_pids():
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, interrupt)
+
+
+def _joblib_worker_pids() -> list[int]:
+    from joblib.externals.loky import reusable_executor  # the executor the joblib launcher's Parallel runs on
+
+    executor = reusable_executor._executor
+    return list(getattr(executor, "_processes", None) or {}) if executor is not None else []
+
+
 class SweepEnd(Callback):
     """Hydra calls it once every job of a multirun is done (conf/config.yaml hydra.callbacks): each logger's
     sweep-wide step, such as W&B's comparison table of all jobs."""
@@ -113,10 +184,12 @@ def check_sweep_jobs(overrides: list[str]) -> None:
     jobs = sweep_jobs(overrides)
     problems: dict[str, list[str]] = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        launcher = OmegaConf.to_container(compose("config", [*jobs[0], "run_dir=unused"],
+                                                  return_hydra_config=True).hydra.launcher)
         for job in jobs:
             settings = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-            errors = config_errors(OmegaConf.to_container(compose("config", [*settings, "run_dir=unused"]),
-                                                        resolve=True))
+            config = OmegaConf.to_container(compose("config", [*settings, "run_dir=unused"]), resolve=True)
+            errors = config_errors(config) or list(filter(None, [side_by_side_error(config, launcher)]))
             if errors:
                 problems[",".join(o for o in job if names_the_job(o))] = errors
     if len(problems) == len(jobs):
