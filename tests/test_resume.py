@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf
 
 import blocklab.train.run as run_module
 from blocklab.errors import ConfigError
@@ -85,6 +86,18 @@ def test_every_result_changing_difference_is_named_and_nothing_else(unfinished_r
         prepare(compose_config([*FAST, "optim.lr=0.01", "model.dropout=0.1", "logger=csv"], unfinished_run))
     listed = re.search(r"different config \((.*)\); ", str(refused.value)).group(1)
     assert listed.split("; ") == ["model.dropout: 0.0 -> 0.1", "optim.lr: 0.003 -> 0.01"]
+
+
+def test_a_key_added_since_the_run_started_resumes_at_its_default(unfinished_run):
+    """A run saved before trainer.compile existed resumes; only setting the new key on the command line is a
+    change of config."""
+    saved = unfinished_run / ".hydra" / "config.yaml"
+    config = OmegaConf.load(saved)
+    del config.trainer["compile"]
+    OmegaConf.save(config, saved)
+    assert prepare(compose_config(FAST, unfinished_run)).start_step == 20
+    refused = run_cli([*FAST, "trainer.compile=true", f"hydra.run.dir={unfinished_run}"], timeout=120)
+    assert refused.returncode == 2 and "different config (trainer.compile: None -> True)" in refused.stderr
 
 
 STEP_CALLBACKS = run_module.step_callbacks

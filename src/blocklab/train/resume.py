@@ -4,6 +4,7 @@ import time
 from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from blocklab.errors import ConfigError
@@ -21,11 +22,20 @@ def changes_results(key: str) -> bool:
     return not any(".".join(parts[:depth]) in job_name_excluded_keys() for depth in range(1, len(parts) + 1))
 
 
-def config_differences(saved: dict, current: dict) -> list[str]:
-    """Every key that changes results and differs, as `optim.lr: 0.003 -> 0.01`."""
+def config_differences(saved: dict, current: dict, set_now: frozenset[str] = frozenset()) -> list[str]:
+    """Every key that changes results and differs, as `optim.lr: 0.003 -> 0.01`. A key the saved config lacks
+    was added to BlockLab after the run started, with a default that keeps the old behaviour: it differs only
+    where this command sets it (`set_now`: the keys of its overrides, `trainer.compile`)."""
     old, new = flatten(saved), flatten(current)
-    keys = sorted(k for k in set(old) | set(new) if changes_results(k))
+    keys = sorted(k for k in set(old) | set(new) if changes_results(k) and (k in old or k in set_now))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def keys_set_now() -> frozenset[str]:
+    """The keys this command's overrides set (`trainer.compile=true` -> trainer.compile); none outside Hydra."""
+    if not HydraConfig.initialized():
+        return frozenset()
+    return frozenset(o.partition("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
 
 
 def resume_step(run_dir: Path, groups: dict) -> int | None:
@@ -36,7 +46,7 @@ def resume_step(run_dir: Path, groups: dict) -> int | None:
     saved_path = run_dir / ".hydra" / "config.yaml"
     if saved_path.exists():
         saved = OmegaConf.to_container(OmegaConf.load(saved_path))
-        diffs = config_differences(saved, groups)
+        diffs = config_differences(saved, groups, keys_set_now())
         if diffs:
             raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
                               "use another hydra.run.dir, or resume=false to start this one afresh")
