@@ -1,6 +1,7 @@
 """Encoder-only models and masked LM (BERT, Devlin et al. 2019): the 15% / 80-10-10 masking recipe, loss and
 accuracy on the selected positions only, bidirectional attention, batches fixed per (seed, step), one-line
-errors, and a run end to end."""
+errors, and a run end to end; next-sentence prediction (task.nsp): the pair layout, special tokens never
+masked, the classifier's loss added to the masked-LM loss."""
 import math
 import random
 
@@ -17,7 +18,7 @@ from blocklab.model.config import AttnConfig, PosConfig
 from blocklab.results import read_results
 from blocklab.tasks import build_task, task_errors
 from blocklab.tasks.base import IGNORE
-from blocklab.tasks.mlm import MASK, mask_tokens
+from blocklab.tasks.mlm import MASK, SentencePairs, mask_tokens, sentence_pairs
 from blocklab.train.module import LitTransformer
 from conftest import compose_config, run_in_process
 
@@ -280,3 +281,134 @@ def test_mlm_learns_from_both_sides(corpus, run_dir, tmp_path):
     text = corpus.read_text()
     commonest = max(text.count(ch) for ch in set(text)) / len(text)
     assert results["eval"][0]["token_acc"] > commonest + 0.3
+
+
+# ------------------------------------------------------------------ next-sentence prediction (task.nsp)
+
+CLS_ID, SEP_ID = 98, 99
+
+
+def test_sentence_pairs_follow_berts_layout():
+    """[CLS] A [SEP] B [SEP]: A is a prefix of the window, B its continuation (is_next) or the same-length tail
+    of another span; segment 0 through the first [SEP], 1 after; continuations in half the pairs."""
+    generator = torch.Generator().manual_seed(0)
+    rows, n = 4000, 9
+    first = torch.randint(0, 40, (rows, n), generator=generator)
+    other = torch.randint(40, 80, (rows, n), generator=generator)  # told apart from `first` by value
+    pair = sentence_pairs(first, other, generator, CLS_ID, SEP_ID)
+    assert pair["input"].shape == pair["segment"].shape == pair["special"].shape == (rows, n + 3)
+    splits = set()
+    for i in range(rows):
+        ids = pair["input"][i].tolist()
+        seps = [j for j, t in enumerate(ids) if t == SEP_ID]
+        assert ids[0] == CLS_ID and len(seps) == 2 and seps[1] == n + 2
+        s = seps[0] - 1  # A's length
+        splits.add(s)
+        second = first[i] if pair["is_next"][i] else other[i]
+        assert ids[1:s + 1] == first[i, :s].tolist() and ids[s + 2:n + 2] == second[s:].tolist()
+        assert pair["segment"][i].tolist() == [0] * (s + 2) + [1] * (n + 1 - s)
+        assert pair["special"][i].nonzero().flatten().tolist() == [0, s + 1, n + 2]
+    assert splits == set(range(1, n))  # every split point of [1, n-1] occurs
+    assert binomtest(int(pair["is_next"].sum()), rows, 0.5).pvalue > 1e-3
+
+
+def test_special_tokens_are_never_masked():
+    """Selection draws from the maskable positions only, 15% of them per row."""
+    generator = torch.Generator().manual_seed(1)
+    pair = sentence_pairs(torch.randint(0, 40, (500, 37)), torch.randint(0, 40, (500, 37)), generator, CLS_ID, SEP_ID)
+    inputs, target = mask_tokens(pair["input"], generator, 97, 40, 0.15, 0.8, 0.1, ~pair["special"])
+    selected = target != IGNORE
+    assert not (selected & pair["special"]).any()
+    assert (inputs[pair["special"]] == pair["input"][pair["special"]]).all()  # [CLS] and [SEP] stay
+    assert selected.sum(dim=1).tolist() == [round(0.15 * 37)] * 500
+
+
+def test_without_maskable_positions_masking_is_unchanged():
+    """The option leaves plain masked LM bit for bit as it was: every position maskable is the same draw."""
+    tokens = torch.randint(0, 40, (64, 30))
+    plain = mask_tokens(tokens, torch.Generator().manual_seed(3), 97, 40, 0.15, 0.8, 0.1)
+    everything = mask_tokens(tokens, torch.Generator().manual_seed(3), 97, 40, 0.15, 0.8, 0.1,
+                             torch.ones_like(tokens, dtype=torch.bool))
+    assert all(torch.equal(a, b) for a, b in zip(plain, everything))
+
+
+@pytest.fixture(scope="module")
+def nsp_task(corpus, tmp_path_factory):
+    return build_task(task_cfg(corpus, tmp_path_factory.mktemp("nsp_cache"), nsp=True), 0)
+
+
+def test_pair_batches_are_fixed_per_seed_and_step(nsp_task):
+    """Batch k is a function of (seed, k): a resume from step 3 sees the batches an uninterrupted run sees."""
+    straight, resumed = iter(SentencePairs(nsp_task, 0)), iter(SentencePairs(nsp_task, 3))
+    batches = [next(straight) for _ in range(5)]
+    for expected in batches[3:]:
+        got = next(resumed)
+        assert all(torch.equal(got[key], expected[key]) for key in expected)
+    batch = batches[0]
+    assert batch["input"].shape == (16, 32) and (batch["input"][:, 0] == nsp_task.cls_id).all()
+    assert nsp_task.vocab_size == nsp_task.n_corpus_tokens + 3 and nsp_task.segments == 2
+    assert not torch.equal(batches[0]["input"], batches[1]["input"])
+
+
+def nsp_model(task, **over) -> LitTransformer:
+    cfg = ModelConfig(arch="encoder", vocab_size=task.vocab_size, d_model=32, n_heads=2, max_len=256,
+                      segments=task.segments, attn=AttnConfig(causal=False), **over)
+    return LitTransformer(cfg, {"lr": 1e-3, "min_lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1,
+                                "warmup_steps": 0})
+
+
+def test_the_loss_trained_on_is_masked_lm_plus_the_pair_cross_entropy(nsp_task):
+    torch.manual_seed(0)
+    lit = nsp_model(nsp_task)
+    batch = next(iter(SentencePairs(nsp_task, 0)))
+    token_loss, pair_loss = lit.losses(batch)
+    logits, sentence = lit.model(batch["input"], segment=batch["segment"], sentence=True)
+    assert sentence.shape == (16, 2)
+    assert torch.allclose(token_loss, F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(),
+                                                      ignore_index=IGNORE))
+    assert torch.allclose(pair_loss, F.cross_entropy(sentence, batch["is_next"].long()))
+    # The segment ids reach the model: the same tokens read as one sentence give other outputs.
+    assert not torch.allclose(lit.model(batch["input"], segment=torch.zeros_like(batch["segment"])), logits)
+
+
+def test_next_sentence_gradient_matches_finite_differences(nsp_task):
+    """The pair classifier's loss, through the segment embedding, against central differences (float64)."""
+    torch.manual_seed(0)
+    lit = nsp_model(nsp_task).double()
+    batch = {k: v[:4] for k, v in next(iter(SentencePairs(nsp_task, 0))).items()}
+    weight = lit.model.segment_emb.weight
+    loss = lit.losses(batch)[1]
+    grad, = torch.autograd.grad(loss, weight)
+    eps = 1e-6
+    for index in [(0, 0), (1, 5), (1, 31)]:
+        with torch.no_grad():
+            weight[index] += eps
+            up = lit.losses(batch)[1].item()
+            weight[index] -= 2 * eps
+            down = lit.losses(batch)[1].item()
+            weight[index] += eps
+        assert grad[index].item() == pytest.approx((up - down) / (2 * eps), rel=1e-4, abs=1e-9)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task.nsp=yes", "task.nsp='yes' must be true or false"),
+    ("task.block_size=4", "task.nsp=true with task.block_size=4: a pair [CLS] A [SEP] B [SEP] needs at least 5"),
+])
+def test_bad_pair_options_are_one_line_errors(override, message, run_dir):
+    with pytest.raises(ConfigError) as err:
+        Setup.from_config(compose_config(["task=mlm", "task.nsp=true", override], run_dir))
+    assert len(str(err.value).splitlines()) == 1 and str(err.value).startswith(message)
+
+
+def test_nsp_runs_end_to_end_and_its_packs_are_refused(corpus, run_dir, tmp_path):
+    run_in_process(["task=mlm", "task.nsp=true", "trainer=debug", "logger=none", f"task.data.path={corpus}",
+                    f"task.cache_dir={tmp_path / 'cache'}", "task.eval_max_tokens=4096"], run_dir)
+    results = read_results(run_dir)
+    assert results["status"] == "completed"
+    assert all(0 <= row["next_sentence_acc"] <= 1 and row["masked_tokens"] > 0 for row in results["eval"])
+    model = Setup.from_run_dir(run_dir).trained_model()
+    assert model.cfg.segments == 2 and model.segment_emb is not None  # model.json and the checkpoint agree
+    from blocklab.train.pack_jobs import refusal
+    from blocklab.train.sweep import BASIC_LAUNCHER
+    groups = {"trainer": {"strategy": "auto", "devices": 1}, "task": {"nsp": True}}
+    assert "next-sentence" in refusal(groups, {"_target_": BASIC_LAUNCHER})

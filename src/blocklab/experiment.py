@@ -68,7 +68,7 @@ def _task(task: str, seed: int, seq2seq: bool, placement: Placement) -> Task:
 def _model_config(groups: dict, task: Task, placement: Placement) -> ModelConfig:
     """The model config for a task: its vocabulary, and room for every position id it can be shown."""
     return ModelConfig.from_groups(groups, vocab_size=task.vocab_size,
-                                   max_len=placement.max_position(task.max_seq_len))
+                                   max_len=placement.max_position(task.max_seq_len), segments=task.segments)
 
 
 @dataclass

@@ -17,7 +17,8 @@ from blocklab.overrides import names_the_job
 RESULTS_FILE, MODEL_FILE, TOKENIZER_FILE = "results.json", "model.json", "tokenizer.json"
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
 STATUSES = ("completed", "diverged", "failed")
-METRICS = ("exact_match", "token_acc", "loss", "perplexity", "bits_per_char")  # shown when a task reports them
+METRICS = ("exact_match", "token_acc", "loss", "perplexity", "bits_per_char",  # shown when a task reports them
+           "next_sentence_acc")
 
 
 def swept_overrides(overrides: list[str]) -> list[str]:

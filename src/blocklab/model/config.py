@@ -118,6 +118,10 @@ class InitConfig:
     std: float = 0.02
 
 
+# ModelConfig fields the task sets (the vocabulary, the longest sequence, sentence pairs), not the model group.
+TASK_DERIVED = ("vocab_size", "max_len", "segments")
+
+
 @dataclass
 class ModelConfig:
     arch: str = "decoder"  # model.arch: architecture.ARCHITECTURES
@@ -132,6 +136,7 @@ class ModelConfig:
     residual: bool = True  # False removes the skip connections (rank-collapse ablation)
     ffn: bool = True  # False removes the FFN sublayers (rank-collapse ablation)
     max_len: int = 512  # longest sequence the model must handle (sizes learned position tables)
+    segments: int = 0  # set by the task: segment embeddings and a next-sentence head for sentence pairs (0: none)
     norm: NormConfig = field(default_factory=NormConfig)
     pos: PosConfig = field(default_factory=PosConfig)
     attn: AttnConfig = field(default_factory=AttnConfig)
@@ -174,7 +179,7 @@ class ModelConfig:
         return self.ffn_kind.name if self.ffn else "none"
 
     @classmethod
-    def from_groups(cls, groups: dict, vocab_size: int, max_len: int) -> "ModelConfig":
+    def from_groups(cls, groups: dict, vocab_size: int, max_len: int, segments: int = 0) -> "ModelConfig":
         """Build from the plain dicts of the yaml groups: model, norm, pos, attn, act, ffn, init. Keys no field
         takes are a ConfigError naming the closest field (pos, attn and ffn pass theirs to the variant). A
         missing ffn group is the dense FFN."""
@@ -193,6 +198,7 @@ class ModelConfig:
         return cls(
             vocab_size=vocab_size,
             max_len=max_len,
+            segments=segments,
             norm=NormConfig(**groups["norm"]),
             pos=PosConfig(name=pos.pop("name"), **{key: pos.pop(key) for key in PosConfig.shared_keys() if key in pos},
                           options=pos),
@@ -239,7 +245,7 @@ class ModelConfig:
     def _fields_by_group(self) -> list[tuple[str, dict]]:
         """This config's fields as the yaml groups hold them, for the schema's checks."""
         model = {f.name: getattr(self, f.name) for f in fields(self)
-                 if f.name not in ("vocab_size", "max_len", *SUBGROUPS)}
+                 if f.name not in TASK_DERIVED and f.name not in SUBGROUPS}
         attn = {key: getattr(self.attn, key) for key in SCHEMA["attn"].keys}
         return [("model", model), ("norm", asdict(self.norm)), ("attn", attn), ("act", asdict(self.act)),
                 ("ffn", {"name": self.ffn_kind.name}), ("init", asdict(self.init))]

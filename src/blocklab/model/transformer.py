@@ -50,6 +50,7 @@ class Transformer(nn.Module):
         self.pattern = build_pattern(cfg.attn)  # which keys each query sees, in every self-attention layer
         self.abacus = AbacusEmbedding(abacus_size(cfg.pos.abacus_offset, cfg.max_len), cfg.d_model) \
             if cfg.pos.abacus else None
+        self.segment_emb: nn.Embedding | None = None  # sentence pairs: the encoder-only model's (BERT)
         self.drop = dropout_layer(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.final_norm = _final_norm(cfg)
@@ -91,12 +92,16 @@ class Transformer(nn.Module):
         Returns logits (B, T, vocab), and with need_weights also a list of per-layer (B, H, T, Tk)."""
         return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index)
 
-    def _decode(self, idx, positions, valid, cache, need_weights, *cross, digit_index=None):
+    def _decode(self, idx, positions, valid, cache, need_weights, *cross, digit_index=None, segment=None,
+                sentence=False):
         """The self-attention stack over idx (causal unless built bidirectional); `cross` = (cross-attention
-        context, encoder memory) if any."""
+        context, encoder memory) if any. segment and sentence: the encoder-only model's sentence pairs."""
         ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal, self.pattern,
                                      need_weights)
-        x = self.pos.embed(self.tok_emb(idx), ctx.positions)
+        tokens = self.tok_emb(idx)
+        if segment is not None:
+            tokens = tokens + self.segment_emb(segment)
+        x = self.pos.embed(tokens, ctx.positions)
         if self.abacus is not None:
             x = self.abacus(x, digit_index)
         x = self._dropout(x)
@@ -104,9 +109,12 @@ class Transformer(nn.Module):
             x = block(x, ctx, *cross)
         if cache is not None:
             cache.commit(ctx.k_positions, ctx.k_valid)
-        logits = self.head(apply_norm(self.final_norm, x, valid))
+        hidden = apply_norm(self.final_norm, x, valid)
+        logits = self.head(hidden)
         if need_weights:
             return logits, [block.attn.last_weights for block in self.blocks]
+        if sentence:
+            return logits, self.sentence_head(hidden[:, 0])
         return logits
 
 
@@ -164,6 +172,22 @@ class Encoder(Transformer):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(dataclasses.replace(cfg, attn=dataclasses.replace(cfg.attn, causal=False)))
+        if cfg.segments:
+            # Sentence pairs (BERT section 3.1, task #2, next-sentence prediction): a learned segment embedding
+            # summed with each token's, and the final state of the first token ([CLS]) pooled (dense + tanh, as
+            # BERT's pooler) and classified: is the second sentence the one that followed the first?
+            self.segment_emb = nn.Embedding(cfg.segments, cfg.d_model)
+            self.sentence_head = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_model), nn.Tanh(),
+                                               nn.Linear(cfg.d_model, 2))
+            apply_init(self, self.cfg)  # the new layers get the configured init too
+
+    def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
+                cache: DecodingCache | None = None, need_weights: bool = False, digit_index: Tensor | None = None,
+                segment: Tensor | None = None, sentence: bool = False):
+        """As the decoder-only forward, plus, for a model built for sentence pairs: segment (B, T), each token's
+        sentence (0: first, 1: second); with sentence=True also the next-sentence logits (B, 2) (index 1: is next)."""
+        return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index, segment=segment,
+                            sentence=sentence)
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

@@ -8,13 +8,14 @@ from omegaconf import OmegaConf
 from blocklab.cli import CONF_DIR
 from blocklab.results import RESULTS_FILE, flatten, swept_overrides
 
-HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "tokens_per_s",
-                    "decode_tokens_per_s"}
+HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "token_acc_in", "tokens_per_s",
+                    "decode_tokens_per_s", "next_sentence_acc", "next_sentence_acc_in"}
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
                    "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token", "early_loss",
                    "flops_per_token"}
 # The metric columns a run's row carries (what study.metrics may name, besides a results.json field by dotted path).
 METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in", "exact_match_out", "loss_out",
+           "token_acc_in", "next_sentence_acc_in",
            "params", "flops_per_token", "tokens_per_s", "ms_per_step", "diverged", "steps_to_target_loss",
            "kv_cache_bytes_per_token", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
            "ffn_off", "ffn_dead", "relative_residual_last")
@@ -96,6 +97,8 @@ def load_run(run_dir: Path) -> dict:
         "exact_match_in": _mean([r["exact_match"] for r in inside]),
         "exact_match_out": _mean([r["exact_match"] for r in beyond]),
         "loss_out": _mean([r["loss"] for r in beyond]),
+        "token_acc_in": _mean([r.get("token_acc") for r in inside]),
+        "next_sentence_acc_in": _mean([r.get("next_sentence_acc") for r in inside]),
         "kv_cache_bytes_per_token": decode.get("kv_cache_bytes_per_token"),
         "decode_tokens_per_s": decode.get("tokens_per_s"),
         "eval": evals, "train_max_length": results["train_lengths"][1],

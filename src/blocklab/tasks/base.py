@@ -103,8 +103,9 @@ def _shifted(sequences: list[list[int]], first_scored: list[int], pad_id: int) -
 
 
 def model_inputs(batch: dict) -> dict:
-    """The keyword arguments a model takes from a batch (encoder-decoder batches carry a source)."""
-    return {key: batch[key] for key in ("valid", "source", "source_valid", *STREAMS) if key in batch}
+    """The keyword arguments a model takes from a batch (encoder-decoder batches carry a source, sentence pairs
+    their segments)."""
+    return {key: batch[key] for key in ("valid", "source", "source_valid", "segment", *STREAMS) if key in batch}
 
 
 def default_eval_lengths(min_len: int, max_len: int) -> list[int]:

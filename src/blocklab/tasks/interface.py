@@ -23,6 +23,9 @@ class Task(ABC):
     # Whether the task builds batches under a Placement (tasks/placement.py: randomized, coupled positions...).
     places_tokens: bool = False
     bos_id: int | None = None  # the token a decoder starts from, where the task has one
+    # Sentence pairs (BERT's next-sentence prediction): batches carry `segment` ids (0: first, 1: second) and
+    # `is_next`, and the model gets segment embeddings and a pair classifier. 0: single sequences.
+    segments: int = 0
     eval_lengths: list[int]
 
     @property

@@ -7,32 +7,48 @@ the selected positions only: every other target is IGNORE, so the loss, accuracy
 selected positions alone. As in BERT's reference code (create_pretraining_data.py), the number selected is
 fixed per sequence, max(1, round(mask_prob * length)), at positions drawn uniformly: no sequence is left
 without a target. Windows of text come from the LM task (tasks/lm.py); evaluation is at 1x, 2x, 4x, 8x the
-training context as for LM, on masks fixed by eval_seed."""
+training context as for LM, on masks fixed by eval_seed.
+
+With `nsp=true`, BERT's second pretraining task (section 3.1, "Task #2: Next Sentence Prediction"): each
+sequence is a pair [CLS] A [SEP] B [SEP]; half the time B is the text that followed A, half the time a span from
+elsewhere in the corpus, and the model classifies which from [CLS]'s final state. Sentences here are spans of
+tokens: a window of block_size - 3 tokens is split at a uniform point into A and B (the corpus has no sentence
+boundaries BERT's documents had). [CLS] and [SEP] are never masked; the loss trained on is the masked-LM loss
+plus the pair's cross-entropy, and each length row reports next_sentence_acc."""
 import math
 from typing import Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from blocklab.tasks.base import IGNORE, ddp_rank
+from blocklab.tasks.base import IGNORE, ddp_rank, model_inputs
 from blocklab.tasks.interface import TASKS
 from blocklab.tasks.lm import LMTask, RandomWindows
 
-MASK = "[MASK]"
+MASK, CLS, SEP = "[MASK]", "[CLS]", "[SEP]"
 MASK_STREAM = 0x6D6C6D << 32  # keeps the masks' random stream apart from the windows' (same seed and step)
+PAIR_STREAM = 0x6E7370 << 32  # and the sentence pairs' from both
 
 
 def mask_tokens(tokens: Tensor, generator: torch.Generator, mask_id: int, n_random: int, mask_prob: float,
-                mask_token_prob: float, random_token_prob: float) -> tuple[Tensor, Tensor]:
+                mask_token_prob: float, random_token_prob: float,
+                maskable: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """BERT's masking of (B, T) token ids -> (input, target). max(1, round(mask_prob * T)) positions per row are
-    selected uniformly; each selected one becomes `mask_id` with probability mask_token_prob, a token drawn
+    selected uniformly (T: the row's maskable positions, where `maskable` (B, T) is given: every row the same
+    count); each selected one becomes `mask_id` with probability mask_token_prob, a token drawn
     uniformly from [0, n_random) with probability random_token_prob, else stays. target holds the original
     token at the selected positions and IGNORE elsewhere. The same generator state gives the same masks."""
     batch, length = tokens.shape
-    count = max(1, round(mask_prob * length))
-    chosen = torch.rand(batch, length, generator=generator).argsort(dim=1)[:, :count]
+    scores = torch.rand(batch, length, generator=generator)
+    candidates = length
+    if maskable is not None:
+        scores = scores.masked_fill(~maskable, 2.0)  # sorted after every maskable position: never chosen
+        candidates = int(maskable.sum(dim=1).min())
+    count = max(1, round(mask_prob * candidates))
+    chosen = scores.argsort(dim=1)[:, :count]
     selected = torch.zeros(batch, length, dtype=torch.bool).scatter_(1, chosen, True)
     action = torch.rand(batch, length, generator=generator)
     random_ids = torch.randint(n_random, (batch, length), generator=generator)
@@ -40,6 +56,24 @@ def mask_tokens(tokens: Tensor, generator: torch.Generator, mask_id: int, n_rand
     to_random = selected & (action >= mask_token_prob) & (action < mask_token_prob + random_token_prob)
     inputs = torch.where(to_mask, mask_id, torch.where(to_random, random_ids, tokens))
     return inputs, torch.where(selected, tokens, IGNORE)
+
+
+def sentence_pairs(first: Tensor, other: Tensor, generator: torch.Generator, cls_id: int, sep_id: int) -> dict:
+    """BERT's next-sentence pairs from (B, n) token windows, n >= 2. Row i splits at s drawn uniformly from
+    [1, n-1]: sentence A is first[i, :s]; sentence B is first[i, s:], the text that followed A (is_next), with
+    probability 1/2, else other[i, s:], a span of the same length from elsewhere. Returns `input`
+    [CLS] A [SEP] B [SEP] (B, n + 3), `segment` (0 through the first [SEP], 1 after it), `is_next` (B,) and
+    `special` (B, n + 3): True at [CLS] and [SEP]."""
+    batch, n = first.shape
+    split = torch.randint(1, n, (batch, 1), generator=generator)
+    is_next = torch.rand(batch, generator=generator) < 0.5
+    second = torch.where(is_next[:, None], first, other)
+    at = torch.arange(n + 3).expand(batch, -1)  # position in the pair
+    in_a, in_b = (at >= 1) & (at <= split), (at >= split + 2) & (at <= n + 1)
+    ids = torch.where(in_a, first.gather(1, (at - 1).clamp(0, n - 1)),
+                      torch.where(in_b, second.gather(1, (at - 2).clamp(0, n - 1)), sep_id))
+    ids[:, 0] = cls_id
+    return {"input": ids, "segment": (at > split + 1).long(), "is_next": is_next, "special": ~(in_a | in_b)}
 
 
 @TASKS.register("mlm")
@@ -50,13 +84,17 @@ class MLMTask(LMTask):
     masked = True
 
     def __init__(self, mask_prob: float = 0.15, mask_token_prob: float = 0.8, random_token_prob: float = 0.1,
-                 eval_seed: int = 1234, **lm):
+                 eval_seed: int = 1234, nsp: bool = False, **lm):
         super().__init__(**lm)
         self.mask_prob, self.mask_token_prob, self.random_token_prob = mask_prob, mask_token_prob, random_token_prob
-        self.eval_seed = eval_seed
-        self.n_corpus_tokens = self.tok.get_vocab_size()  # random replacements are corpus tokens, never [MASK]
+        self.eval_seed, self.nsp = eval_seed, nsp
+        self.n_corpus_tokens = self.tok.get_vocab_size()  # random replacements are corpus tokens, never specials
         self.tok.add_special_tokens([MASK])  # on this task's copy of the tokenizer; the cached file stays as it was
         self.mask_id = self.tok.token_to_id(MASK)
+        if nsp:
+            self.tok.add_special_tokens([CLS, SEP])
+            self.cls_id, self.sep_id = self.tok.token_to_id(CLS), self.tok.token_to_id(SEP)
+            self.segments = 2
 
     @classmethod
     def errors(cls, cfg: dict) -> list[str]:
@@ -74,27 +112,55 @@ class MLMTask(LMTask):
         seed = cfg.get("eval_seed")
         if not isinstance(seed, int) or isinstance(seed, bool):
             errs.append(f"task.eval_seed={seed!r} must be an integer")
+        block = cfg.get("block_size")  # task.nsp's type the registry checks against the signature's default
+        if cfg.get("nsp") is True and isinstance(block, int) and block < 5:
+            errs.append(f"task.nsp=true with task.block_size={block}: a pair [CLS] A [SEP] B [SEP] needs at least "
+                        "5 tokens; raise block_size")
         return errs
 
-    def mask(self, tokens: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def mask(self, tokens: Tensor, generator: torch.Generator,
+             maskable: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return mask_tokens(tokens, generator, self.mask_id, self.n_corpus_tokens, self.mask_prob,
-                           self.mask_token_prob, self.random_token_prob)
+                           self.mask_token_prob, self.random_token_prob, maskable)
+
+    def pairs(self, first: Tensor, ids: Tensor, generator: torch.Generator) -> dict:
+        """A masked batch of sentence pairs from (B, n) windows `first` of the text `ids`: the other sentences
+        are spans starting anywhere in it."""
+        starts = torch.randint(len(ids) - first.shape[1], (len(first),), generator=generator)
+        other = ids[starts[:, None] + torch.arange(first.shape[1])]
+        pair = sentence_pairs(first, other, generator, self.cls_id, self.sep_id)
+        inputs, target = self.mask(pair["input"], generator, ~pair["special"])
+        return {"input": inputs, "target": target, "valid": torch.ones_like(inputs, dtype=torch.bool),
+                "segment": pair["segment"], "is_next": pair["is_next"]}
 
     def _eval_generator(self, length: int) -> torch.Generator:
         """The masks of the evaluation windows of one length: fixed by eval_seed, whatever the training seed."""
         return torch.Generator().manual_seed(MASK_STREAM + self.eval_seed * 1_000_003 + length)
 
-    def train_batches(self, start_step: int = 0) -> "MaskedWindows":
+    def train_batches(self, start_step: int = 0) -> "MaskedWindows | SentencePairs":
+        if self.nsp:
+            return SentencePairs(self, start_step)
         return MaskedWindows(super().train_batches(start_step), self)
 
     def _batches(self, length: int, tokens_per_batch: int = 16384):
-        """The LM task's validation windows of `length` tokens (their inputs), masked."""
+        """The LM task's validation windows of `length` tokens (their inputs), masked; with nsp, as sentence
+        pairs of `length` tokens in all."""
         generator = self._eval_generator(length)
+        if self.nsp:
+            ids = torch.from_numpy(self.val_ids.astype(np.int64))
+            windows = self.windows(length - 3)[:, :-1]
+            rows = max(1, tokens_per_batch // length)
+            for start in range(0, len(windows), rows):
+                yield {**self.pairs(windows[start:start + rows], ids, generator), "length": length}
+            return
         for batch in super()._batches(length, tokens_per_batch):
             inputs, target = self.mask(batch["input"], generator)
             yield {**batch, "input": inputs, "target": target}
 
     def probe_batch(self, n: int) -> dict:
+        if self.nsp:
+            batch = next(self._batches(self.block_size))
+            return {key: value[:n] for key, value in batch.items() if key != "length"}
         batch = super().probe_batch(n)
         inputs, target = self.mask(batch["input"], self._eval_generator(self.block_size))
         return {**batch, "input": inputs, "target": target}
@@ -106,9 +172,12 @@ class MLMTask(LMTask):
         model.eval()
         rows = []
         for mult, length in zip(self.eval_multipliers, self.eval_lengths):
-            loss_sum = correct = scored = sequences = 0
+            loss_sum = correct = scored = sequences = pairs_right = 0
             for batch in self._batches(length):
-                logits = model(batch["input"])
+                out = model(batch["input"], **model_inputs(batch), **({"sentence": True} if self.nsp else {}))
+                logits, sentence = out if self.nsp else (out, None)
+                if sentence is not None:
+                    pairs_right += (sentence.argmax(-1) == batch["is_next"].long()).sum().item()
                 target = batch["target"]
                 loss_sum += F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE,
                                             reduction="sum").item()
@@ -123,6 +192,7 @@ class MLMTask(LMTask):
                 "token_acc": correct / scored if scored else None, "loss": loss if finite else None,
                 "n": sequences, "multiplier": mult, "masked_tokens": scored,
                 "perplexity": math.exp(min(loss, 700)) if finite else None,
+                **({"next_sentence_acc": pairs_right / sequences if sequences else None} if self.nsp else {}),
             })
         model.train(was_training)
         return rows
@@ -141,4 +211,22 @@ class MaskedWindows(IterableDataset):
             generator = torch.Generator().manual_seed(MASK_STREAM + seed * 1_000_003 + step + 7919 * ddp_rank())
             inputs, target = self.task.mask(batch["input"], generator)
             yield {**batch, "input": inputs, "target": target}
+            step += 1
+
+
+class SentencePairs(IterableDataset):
+    """Endless batches of masked sentence pairs of block_size tokens (task.nsp); batch k is a pure function of
+    (seed, k), so a resumed run sees the same batches as an uninterrupted one."""
+
+    def __init__(self, task: MLMTask, start_step: int = 0):
+        self.task, self.start_step = task, start_step
+
+    def __iter__(self) -> Iterator[dict]:
+        task, step = self.task, self.start_step
+        ids = torch.from_numpy(task.train_ids.astype(np.int64))
+        span = task.block_size - 3  # A and B together, besides [CLS] and two [SEP]
+        while True:
+            generator = torch.Generator().manual_seed(PAIR_STREAM + task.seed * 1_000_003 + step + 7919 * ddp_rank())
+            starts = torch.randint(len(ids) - span, (task.batch_size,), generator=generator)
+            yield task.pairs(ids[starts[:, None] + torch.arange(span)], ids, generator)
             step += 1

@@ -106,28 +106,44 @@ class LitTransformer(L.LightningModule):
         return self.model(idx, **kwargs)
 
     def batch_loss(self, batch, reduction: str = "mean", model=None):
-        logits = (model or self.model)(batch["input"], **model_inputs(batch))
-        return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE,
+        """The token loss (the task's), however the batch is scored besides."""
+        return self.losses(batch, reduction, model)[0]
+
+    def losses(self, batch, reduction: str = "mean", model=None) -> tuple:
+        """(token loss, next-sentence loss or None): a batch of sentence pairs (`is_next`) is also classified."""
+        pairs = "is_next" in batch
+        out = (model or self.model)(batch["input"], **model_inputs(batch), **({"sentence": True} if pairs else {}))
+        logits, sentence = out if pairs else (out, None)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE,
                                reduction=reduction)
+        return loss, (F.cross_entropy(sentence, batch["is_next"].long()) if pairs else None)
 
     def on_train_batch_start(self, batch, batch_idx):
         self._step_start = time.perf_counter()
 
     def training_step(self, batch, batch_idx):
-        loss = self.batch_loss(batch, model=self._train_forward)
+        loss, sentence_loss = self.losses(batch, model=self._train_forward)
         # Lightning hands metrics to the logger only every log_every_n_steps, and self.log costs a
         # noticeable part of a small step (`python -m blocklab.bench overhead` times what Lightning
         # adds); so log exactly when it would be written (and always a blown-up loss).
         log = self.trainer._logger_connector.should_update_logs or not torch.isfinite(loss)
         if log:
             self.log("train/loss", loss, prog_bar=True)
+        # Terms trained on besides the task loss. train/loss and results' final_train_loss stay the task loss, so
+        # runs with and without them compare.
+        extra = []
+        if sentence_loss is not None:  # BERT: masked-LM loss + next-sentence loss
+            if log:
+                self.log("train/nsp_loss", sentence_loss)
+            extra.append(sentence_loss)
         if self.routed:
-            return self._with_aux_loss(loss, log)
-        return loss
+            extra.append(self._aux_loss(log))
+        if not extra:
+            return loss
+        return {"loss": loss + sum(extra), "task_loss": loss.detach()}
 
-    def _with_aux_loss(self, loss, log: bool) -> dict:
-        """The task loss plus every MoE layer's weighted balancing loss (Switch eq. 4). train/loss and
-        results' final_train_loss stay the task loss, comparable with dense runs; train/aux_loss is the term added."""
+    def _aux_loss(self, log: bool):
+        """Every MoE layer's weighted balancing loss (Switch eq. 4), logged as train/aux_loss."""
         aux = sum(layer.weighted_aux_loss() for layer in self.routed)
         if log:
             self.log("train/aux_loss", aux)
@@ -135,7 +151,7 @@ class LitTransformer(L.LightningModule):
                 load, dropped = load_and_drops(layer.last_routed, layer.last_dropped)
                 self.log_dict({f"moe/layer{i}/dropped": dropped,
                                **{f"moe/layer{i}/load_expert{e}": share for e, share in enumerate(load)}})
-        return {"loss": loss + aux, "task_loss": loss.detach()}
+        return aux
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         elapsed = time.perf_counter() - self._step_start

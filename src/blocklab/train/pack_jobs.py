@@ -70,6 +70,8 @@ def refusal(groups: dict, launcher: dict) -> str | None:
         return f"a pack trains in float32 (trainer.precision={trainer['precision']})"
     if trainer.get("compile"):
         return "a pack is not compiled (trainer.compile=true)"
+    if (groups.get("task") or {}).get("nsp"):
+        return "a pack trains the token loss alone, not next-sentence prediction (task.nsp=true)"
     if not one_job_at_a_time(launcher):
         return ("packing needs the jobs one after another (hydra.launcher.n_jobs=1, or hydra/launcher=basic), "
                 f"not side by side ({launcher.get('_target_')})")
