@@ -1,7 +1,8 @@
 """A run as one job of a Hydra multirun: every job's config is checked before the first starts; finished
 and invalid jobs are skipped, a failed one is tried again with the record of its failure kept, a failing
-one is recorded without stopping the sweep; plus the DDP re-launch of one job, its W&B grouping, and the
-sweep-end step (SweepEnd)."""
+one is recorded without stopping the sweep; plus the DDP re-launch of one job, its W&B grouping, what jobs side
+by side (joblib, the default launcher) cannot do and how they stop on Ctrl-C (JobsInterrupt), and the sweep-end
+step (SweepEnd)."""
 import os
 import signal
 import sys
