@@ -321,6 +321,7 @@ def run_sweep(cmd) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # two sweeps (35 s); the in-process pack tests cover a pack's training and resume in the default run
 def test_a_packed_sweep_writes_each_seed_where_the_sequential_sweep_does(tmp_path):
     run = run_sweep
     sequential, packed = tmp_path / "sequential", tmp_path / "packed"
