@@ -9,7 +9,9 @@ import sys
 import time
 
 import pytest
+from joblib import cpu_count
 
+from blocklab.train.sweep import share_of_cores
 from conftest import ROOT
 
 TINY = ["trainer.max_steps=30", "trainer.val_check_interval=15", "logger=none", "task.eval_examples=16",
@@ -92,6 +94,21 @@ def test_an_interrupted_side_by_side_sweep_saves_every_running_job_and_resumes(t
     assert rerun.stdout.count("resuming") == 2
     assert statuses(sweep) == ["completed"] * 3
     assert all(json.loads(p.read_text())["steps"] == 150 for p in sweep.glob("*/results.json"))
+
+
+@pytest.mark.parametrize("cores, n_jobs, jobs, threads", [
+    (2, -1, 2, 1), (2, -1, 6, 1), (2, -1, 1, 2), (16, -1, 6, 2), (16, 4, 6, 4), (16, -2, 40, 1), (16, 4, None, 4),
+    (8, 3, 2, 4), (1, -1, 3, 1),
+])
+def test_jobs_side_by_side_split_the_cores_evenly(cores, n_jobs, jobs, threads):
+    assert share_of_cores(cores, n_jobs, jobs) == threads
+
+
+def test_a_launch_of_fewer_jobs_than_cores_gives_each_more_threads(tmp_path):
+    sweep = tmp_path / "one"
+    proc = train(["-m", "seed=0", *TINY, f"hydra.sweep.dir={sweep}"], threads=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((sweep / "0" / "results.json").read_text())["threads"] == cpu_count()
 
 
 @pytest.mark.parametrize("args, refused", [

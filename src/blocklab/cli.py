@@ -57,12 +57,13 @@ def _exit_on(error: str | None) -> None:
 
 
 def _check_every_job(argv: list[str]) -> None:
-    """A multirun validates every job before the first starts (it imports torch: sweeps only)."""
+    """A multirun validates every job before the first starts (it imports torch: sweeps only), and tells the
+    jobs how many there are (train.sweep.cores_per_job)."""
     from blocklab.overrides import command_line_overrides
-    from blocklab.train.sweep import check_sweep_jobs
+    from blocklab.train.sweep import SWEEP_JOBS_ENV, check_sweep_jobs
 
     try:
-        check_sweep_jobs(command_line_overrides(argv))
+        os.environ[SWEEP_JOBS_ENV] = str(check_sweep_jobs(command_line_overrides(argv)))
     except ConfigError as err:
         for line in str(err).splitlines():
             print(f"error: {line}", file=sys.stderr)

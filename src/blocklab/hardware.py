@@ -42,10 +42,10 @@ def native_bf16() -> bool | None:
     return any(flag in flags for flag in NATIVE_BF16_FLAGS) or "bf16" in flags  # "bf16": ARMv8.6 BFloat16
 
 
-def use_threads(trainer: dict) -> None:
-    """trainer.threads, where set; else torch keeps what the process was given (every core, or under the
-    parallel launcher the share joblib's loky workers get through OMP_NUM_THREADS)."""
-    if threads := trainer.get("threads"):
+def use_threads(trainer: dict, share: int | None = None) -> None:
+    """trainer.threads, where set; else `share` (a job's share of the cores beside other jobs), where given;
+    else torch keeps what the process was given (every core, or OMP_NUM_THREADS)."""
+    if threads := trainer.get("threads") or share:
         torch.set_num_threads(threads)
 
 

@@ -27,8 +27,8 @@ from blocklab.train.module import LitTransformer
 from blocklab.train.outcome import choices, outcome
 from blocklab.train.pack_jobs import packed_or_alone
 from blocklab.train.resume import resume_step, set_aside_checkpoints
-from blocklab.train.sweep import (INTERRUPTED, beside_other_jobs, in_sweep, job_overrides, relaunch_only_this_job,
-                                  run_as_sweep_job, sweep_tags_and_group)
+from blocklab.train.sweep import (INTERRUPTED, beside_other_jobs, cores_per_job, in_sweep, job_overrides,
+                                  relaunch_only_this_job, run_as_sweep_job, sweep_tags_and_group)
 
 # A run's console is its progress and its results: not Lightning's advertisements, its report of
 # accelerators a CPU run does not use, its note that max_steps was reached, or its restore messages
@@ -77,7 +77,7 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         setup.save(cfg)
     if in_sweep() and groups["trainer"].get("strategy") == "ddp":
         relaunch_only_this_job(run_dir)
-    use_threads(groups["trainer"])
+    use_threads(groups["trainer"], cores_per_job())
     warning = precision_warning(groups["trainer"].get("accelerator"), str(groups["trainer"].get("precision", "32-true")))
     if warning and is_rank_zero:
         print(warning, file=sys.stderr)

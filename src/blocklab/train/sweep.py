@@ -35,6 +35,32 @@ def one_job_at_a_time(launcher: dict) -> bool:
     return target == BASIC_LAUNCHER or (target == JOBLIB_LAUNCHER and launcher.get("n_jobs") == 1)
 
 
+# How many jobs this multirun launches, set by the launching process before its joblib workers start (they
+# inherit it): with fewer jobs than cores, each job side by side takes a larger share of the cores.
+SWEEP_JOBS_ENV = "BLOCKLAB_SWEEP_JOBS"
+
+
+def share_of_cores(cores: int, n_jobs: int, jobs: int | None) -> int:
+    """Threads for each of `jobs` jobs (None: unknown) run side by side by joblib with `n_jobs` (joblib's meaning:
+    a negative n is cores + 1 + n workers), on `cores` cores: the jobs that run at once split the cores evenly."""
+    workers = n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)
+    return max(1, cores // min(workers, jobs or workers))
+
+
+def cores_per_job() -> int | None:
+    """This job's share of the cores when it runs in a joblib worker beside others (None otherwise): joblib's own
+    share assumes n_jobs jobs at once, which a launch of fewer jobs never reaches."""
+    if not in_sweep():
+        return None
+    launcher = OmegaConf.to_container(HydraConfig.get().launcher)
+    if launcher.get("_target_") != JOBLIB_LAUNCHER or one_job_at_a_time(launcher):
+        return None
+    from joblib import cpu_count  # the cores this process may use (affinity, cgroup quota), as joblib counts
+
+    jobs = os.environ.get(SWEEP_JOBS_ENV)
+    return share_of_cores(cpu_count(), int(launcher.get("n_jobs", -1)), int(jobs) if jobs else None)
+
+
 # Set once this process was interrupted while jobs ran side by side: in the launching process (JobsInterrupt),
 # and in a joblib worker whose job saved its checkpoint and stopped (its later jobs are then not started).
 INTERRUPTED = {"received": False}
@@ -172,7 +198,7 @@ class SweepEnd(Callback):
         sweep_end(config)
 
 
-def check_sweep_jobs(overrides: list[str]) -> None:
+def check_sweep_jobs(overrides: list[str]) -> int:
     """Validate every job of a multirun before the first starts. No valid job: ConfigError with the problems
     (once each, so a mistake common to all jobs is one line), and nothing is created. Some invalid: they
     are listed now, and each is recorded as 'invalid' when its turn comes."""
@@ -198,3 +224,4 @@ def check_sweep_jobs(overrides: list[str]) -> None:
     for job, errors in problems.items():
         print(f"warning: job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}",
               file=sys.stderr)
+    return len(jobs)
