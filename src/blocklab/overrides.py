@@ -260,10 +260,15 @@ def job_name_excluded_keys() -> frozenset[str]:
     return frozenset(conf.hydra.job.config.override_dirname.exclude_keys)
 
 
+def override_key(override: str) -> str:
+    """The key an override sets: `+logger.mode=online` -> logger.mode, `~model.dropout` -> model.dropout."""
+    return override.partition("=")[0].lstrip("+~").partition("@")[0]
+
+
 def names_the_job(override: str) -> bool:
     """Whether an override (`pos=rope`, `+logger.mode=online`) is part of a sweep job's directory name, as
     Hydra decides it: not for the excluded keys, nor for Hydra's own (hydra.*, hydra/launcher)."""
-    key = override.partition("=")[0].lstrip("+~").partition("@")[0]
+    key = override_key(override)
     return key not in job_name_excluded_keys() and not key.startswith(("hydra.", "hydra/"))
 
 

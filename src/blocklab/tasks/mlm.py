@@ -58,6 +58,12 @@ def mask_tokens(tokens: Tensor, generator: torch.Generator, mask_id: int, n_rand
     return inputs, torch.where(selected, tokens, IGNORE)
 
 
+def random_spans(ids: Tensor, count: int, length: int, generator: torch.Generator) -> Tensor:
+    """(count, length) spans of the text `ids`, each starting at a uniform position."""
+    starts = torch.randint(len(ids) - length, (count,), generator=generator)
+    return ids[starts[:, None] + torch.arange(length)]
+
+
 def sentence_pairs(first: Tensor, other: Tensor, generator: torch.Generator, cls_id: int, sep_id: int) -> dict:
     """BERT's next-sentence pairs from (B, n) token windows, n >= 2. Row i splits at s drawn uniformly from
     [1, n-1]: sentence A is first[i, :s]; sentence B is first[i, s:], the text that followed A (is_next), with
@@ -126,8 +132,7 @@ class MLMTask(LMTask):
     def pairs(self, first: Tensor, ids: Tensor, generator: torch.Generator) -> dict:
         """A masked batch of sentence pairs from (B, n) windows `first` of the text `ids`: the other sentences
         are spans starting anywhere in it."""
-        starts = torch.randint(len(ids) - first.shape[1], (len(first),), generator=generator)
-        other = ids[starts[:, None] + torch.arange(first.shape[1])]
+        other = random_spans(ids, len(first), first.shape[1], generator)
         pair = sentence_pairs(first, other, generator, self.cls_id, self.sep_id)
         inputs, target = self.mask(pair["input"], generator, ~pair["special"])
         return {"input": inputs, "target": target, "valid": torch.ones_like(inputs, dtype=torch.bool),
@@ -227,6 +232,5 @@ class SentencePairs(IterableDataset):
         span = task.block_size - 3  # A and B together, besides [CLS] and two [SEP]
         while True:
             generator = torch.Generator().manual_seed(PAIR_STREAM + task.seed * 1_000_003 + step + 7919 * ddp_rank())
-            starts = torch.randint(len(ids) - span, (task.batch_size,), generator=generator)
-            yield task.pairs(ids[starts[:, None] + torch.arange(span)], ids, generator)
+            yield task.pairs(random_spans(ids, task.batch_size, span, generator), ids, generator)
             step += 1

@@ -5,11 +5,11 @@ jobs (the job's override_dirname with its seed changed, named by Hydra's own fun
 jobs find their results and are skipped as any finished job is.
 
 Not packed, each seed then running as its own job, as without the option (one note line says why): DDP or
-several devices, an accelerator other than the CPU, a precision other than 32-true, jobs side by side (joblib's
-default, submitit; joblib's is refused before launch), a seed group's members resuming from different steps, and models
-whose members would not compute alone what they compute packed (train/grouped.py checks every pack on its first
-batches: e.g. BatchNorm's statistics over the batch, MoE's routing, performer's and linformer's parameters
-used outside linear, embedding and norm layers)."""
+several devices, an accelerator other than the CPU, a precision other than 32-true, next-sentence prediction, jobs
+side by side (joblib's default, submitit; joblib's is refused before launch), a seed group's members resuming from
+different steps, and models whose members would not compute alone what they compute packed (train/grouped.py
+checks every pack on its first batches: e.g. BatchNorm's statistics over the batch, MoE's routing, performer's and
+linformer's parameters used outside linear, embedding and norm layers)."""
 import copy
 import sys
 from pathlib import Path
@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from blocklab.errors import ConfigError
 from blocklab.overrides import command_line_overrides
 from blocklab.results import previous_status, swept_overrides
-from blocklab.train.sweep import FINAL_STATUSES, in_sweep, one_job_at_a_time, sweep_tags_and_group
+from blocklab.train.sweep import FINAL_STATUSES, current_launcher, in_sweep, one_job_at_a_time, sweep_tags_and_group
+
 
 def packed_or_alone(alone: Callable[[DictConfig], float | None]) -> Callable[[DictConfig], float | None]:
     """A sweep job's training: with study.pack_seeds, its seed group as one pack; otherwise `alone(cfg)`."""
@@ -105,7 +106,7 @@ def seed_group(cfg: DictConfig) -> list[tuple[DictConfig, list[str]]] | str:
     from blocklab.train.pack import prepared
 
     groups = OmegaConf.to_container(cfg, resolve=True)
-    reason = refusal(groups, OmegaConf.to_container(HydraConfig.get().launcher))
+    reason = refusal(groups, current_launcher())
     if reason:
         return reason
     mine = list(HydraConfig.get().overrides.task)

@@ -8,7 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from blocklab.errors import ConfigError
-from blocklab.overrides import job_name_excluded_keys
+from blocklab.overrides import job_name_excluded_keys, override_key
 from blocklab.results import CHECKPOINT, flatten
 
 
@@ -35,7 +35,7 @@ def keys_set_now() -> frozenset[str]:
     """The keys this command's overrides set (`trainer.compile=true` -> trainer.compile); none outside Hydra."""
     if not HydraConfig.initialized():
         return frozenset()
-    return frozenset(o.partition("=")[0].lstrip("+~") for o in HydraConfig.get().overrides.task)
+    return frozenset(override_key(o) for o in HydraConfig.get().overrides.task)
 
 
 def resume_step(run_dir: Path, groups: dict) -> int | None:

@@ -35,6 +35,15 @@ def one_job_at_a_time(launcher: dict) -> bool:
     return target == BASIC_LAUNCHER or (target == JOBLIB_LAUNCHER and launcher.get("n_jobs") == 1)
 
 
+def joblib_side_by_side(launcher: dict) -> bool:
+    """Whether the launcher is joblib running jobs at once, in its worker processes on this machine."""
+    return launcher.get("_target_") == JOBLIB_LAUNCHER and not one_job_at_a_time(launcher)
+
+
+def current_launcher() -> dict:
+    return OmegaConf.to_container(HydraConfig.get().launcher)
+
+
 # How many jobs this multirun launches, set by the launching process before its joblib workers start (they
 # inherit it): with fewer jobs than cores, each job side by side takes a larger share of the cores.
 SWEEP_JOBS_ENV = "BLOCKLAB_SWEEP_JOBS"
@@ -50,10 +59,8 @@ def share_of_cores(cores: int, n_jobs: int, jobs: int | None) -> int:
 def cores_per_job() -> int | None:
     """This job's share of the cores when it runs in a joblib worker beside others (None otherwise): joblib's own
     share assumes n_jobs jobs at once, which a launch of fewer jobs never reaches."""
-    if not in_sweep():
-        return None
-    launcher = OmegaConf.to_container(HydraConfig.get().launcher)
-    if launcher.get("_target_") != JOBLIB_LAUNCHER or one_job_at_a_time(launcher):
+    launcher = current_launcher() if in_sweep() else {}
+    if not joblib_side_by_side(launcher):
         return None
     from joblib import cpu_count  # the cores this process may use (affinity, cgroup quota), as joblib counts
 
@@ -68,12 +75,12 @@ INTERRUPTED = {"received": False}
 
 def beside_other_jobs() -> bool:
     """Whether this run is a multirun job that runs while others do, on this machine or elsewhere."""
-    return in_sweep() and not one_job_at_a_time(OmegaConf.to_container(HydraConfig.get().launcher))
+    return in_sweep() and not one_job_at_a_time(current_launcher())
 
 
 def side_by_side_error(job: dict, launcher: dict) -> str | None:
     """Why a job cannot run beside others on this machine (joblib's worker processes), with the fix."""
-    if launcher.get("_target_") != JOBLIB_LAUNCHER or one_job_at_a_time(launcher):
+    if not joblib_side_by_side(launcher):
         return None
     fix = "add hydra.launcher.n_jobs=1 to run the jobs one after another"
     if job["trainer"].get("strategy") == "ddp":
@@ -159,8 +166,7 @@ class JobsInterrupt(Callback):
     (blocklab.cli). Without this, joblib would stop its workers before any saved. A second Ctrl-C stops at once."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        launcher = OmegaConf.to_container(config.hydra.launcher)
-        if launcher.get("_target_") != JOBLIB_LAUNCHER or one_job_at_a_time(launcher):
+        if not joblib_side_by_side(OmegaConf.to_container(config.hydra.launcher)):
             return
 
         def interrupt(signum, frame):
