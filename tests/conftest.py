@@ -1,8 +1,10 @@
+import atexit
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,17 @@ from blocklab.cli import CONF_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tokenized corpora go to a per-session folder, never the user's cache.
-os.environ.setdefault("BLOCKLAB_CACHE", str(Path(__import__("tempfile").mkdtemp(prefix="blocklab-cache-"))))
+if "BLOCKLAB_CACHE" not in os.environ:
+    os.environ["BLOCKLAB_CACHE"] = tempfile.mkdtemp(prefix="blocklab-cache-")
+    atexit.register(shutil.rmtree, os.environ["BLOCKLAB_CACHE"], ignore_errors=True)
+# Under pytest-xdist the workers split the cores: two workers of two torch threads each on two cores would contend.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+    from joblib import cpu_count
+
+    _threads = max(1, cpu_count() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))  # the train.py subprocesses tests start
+    torch.set_num_threads(_threads)
 CONF = CONF_DIR  # the packaged config (conf/ at the root is a link to it)
 
 # Fast settings for end-to-end runs: a few steps, small eval sets, no W&B unless a test asks, and no attention
