@@ -180,3 +180,32 @@ def test_a_bad_table_spec_is_a_one_line_error_before_anything_is_written(tmp_pat
     assert not (root / "report").exists()
     with pytest.raises(ConfigError, match=re.escape(error)):
         section("length_study", {**STUDY, "length_table": table}, rows, tmp_path)
+
+
+def test_the_by_position_plot_draws_token_accuracy_by_place_at_twice_the_training_length(tmp_path):
+    """Two settings trained to 4, evaluated at 8 (2x): the seed means and ranges per answer place, by hand."""
+    by_place = {"rope": {0: [1.0, 0.5, 0.9], 1: [1.0, 0.7, 0.7]},  # means 1.0, 0.6, 0.8
+                "none": {0: [0.2, 0.4, 0.6], 1: [0.4, 0.4, 0.2]}}  # means 0.3, 0.4, 0.4
+    rows = fabricate(tmp_path / "sweep", runs={pos: (4, {s: {4: 1.0, 8: 0.0} for s in seeds}) for pos, seeds in by_place.items()})
+    for row in rows:
+        for entry in row["eval"]:
+            if entry["length"] == 8:
+                entry["token_acc_by_position"] = by_place[row["pos"]][row["seed"]]
+    fig, ax = plt.subplots()
+    note = PLOTS["by_position"](ax, rows, {"kind": "by_position", "metric": "token_acc"}, "token_acc", ["pos"])
+    lines = {line.get_label(): line for line in ax.get_lines() if line.get_linestyle() != "--"}
+    assert list(lines["rope"].get_xdata()) == [1, 2, 3]
+    assert list(lines["rope"].get_ydata()) == pytest.approx([1.0, 0.6, 0.8])
+    assert list(lines["none"].get_ydata()) == pytest.approx([0.3, 0.4, 0.4])
+    vertices = dict(zip(lines, ax.collections))["rope"].get_paths()[0].vertices
+    assert sorted({round(float(y), 6) for x, y in vertices if x == 2}) == [0.5, 0.7]
+    assert [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [4]
+    assert note == ("token accuracy by place in the answer at length 8, mean over seeds; pos=none: lowest at place 1 "
+                    "(0.30); pos=rope: lowest at place 2 (0.60).")
+    plt.close(fig)
+    # Runs trained to different lengths have no common length to show: said, not drawn.
+    rows[0]["train_max_length"] = 6
+    fig, ax = plt.subplots()
+    assert PLOTS["by_position"](ax, rows, {"kind": "by_position"}, "token_acc", ["pos"]).startswith(
+        "not drawn: the runs trained to different lengths, so 2x is [8, 12]")
+    plt.close(fig)

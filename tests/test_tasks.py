@@ -161,3 +161,45 @@ def test_seq2seq_support_is_read_from_the_task_class(tmp_path):
     finally:
         TASKS.unregister("copy_as_seq2seq")
         TASKS.unregister("copy_decoder_only")
+
+
+def test_hits_by_position_counts_the_kth_scored_token_of_each_row():
+    from blocklab.tasks.base import hits_by_position
+
+    x = IGNORE
+    target = torch.tensor([[x, x, 5, 6, 7], [x, 5, 6, x, x], [x, x, x, 9, x]])  # answers of 3, 2 and 1 tokens
+    predicted = torch.tensor([[0, 0, 5, 0, 7], [0, 5, 6, 0, 0], [0, 0, 0, 1, 0]])
+    right, rows = hits_by_position(predicted, target)
+    assert rows.tolist() == [3, 2, 1]
+    assert right.tolist() == [2.0, 1.0, 1.0]  # first places: 5, 5 right, 9 wrong; second: 6 wrong, 6 right
+
+
+def test_token_accuracy_by_place_shows_where_the_errors_sit_and_averages_to_token_acc(monkeypatch):
+    """Addition without padding: answers of one operand length differ in size (a carry adds a digit), so the
+    last places have fewer rows. Wrong logits at the second answer place of half the rows give 0.5 there and
+    1.0 elsewhere, and the places' row-weighted mean is the overall token accuracy."""
+    import blocklab.tasks.base as base
+
+    task = addition_task(eval_examples=40)
+    examples = task.eval_set(3)
+    batch = task.collate(examples)
+    target = batch["target"]
+    logits = torch.nn.functional.one_hot(target.clamp(min=0), task.vocab_size).float()
+    second = [(row, (target[row] != IGNORE).nonzero()[1].item()) for row in range(0, len(examples), 2)]
+    for row, t in second:
+        logits[row, t] = torch.roll(logits[row, t], 1)
+
+    class Teacher(torch.nn.Module):
+        def forward(self, idx, *args, **kwargs):
+            return logits
+
+    monkeypatch.setattr(base, "generate", lambda *args, **kwargs: torch.full((len(examples), 8), task.pad_id))
+    result = task.evaluate_length(Teacher(), 3)
+    sizes = [len(e.answer) for e in examples]
+    assert len(set(sizes)) == 2, "the eval set should mix answers with and without a carry"
+    by_place = result["token_acc_by_position"]
+    assert len(by_place) == max(sizes)
+    assert by_place[1] == pytest.approx(0.5) and all(a == 1.0 for k, a in enumerate(by_place) if k != 1)
+    rows_at = [sum(size > k for size in sizes) for k in range(max(sizes))]
+    weighted = sum(a * n for a, n in zip(by_place, rows_at)) / sum(rows_at)
+    assert weighted == pytest.approx(result["token_acc"])

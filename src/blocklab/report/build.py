@@ -166,6 +166,36 @@ def plot_length_curve(ax, rows: list[dict], spec: dict, metric: str, by: list[st
     return note
 
 
+@PLOTS.register("by_position")
+def plot_by_position(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
+    """Token accuracy against the place in the answer at `at` x the longest training length (default 2), per
+    setting: the mean over seeds, the seed range shaded; dashed: the longest trained answer. It shows where
+    extrapolation breaks. The note names each setting's weakest place."""
+    at = spec.get("at", 2)
+    lengths = sorted({length_gen._whole(at * r["train_max_length"]) for r in rows})
+    if len(lengths) > 1:  # places at different lengths do not line up
+        ax.text(0.5, 0.5, "runs trained to different lengths", ha="center", va="center", transform=ax.transAxes)
+        return (f"not drawn: the runs trained to different lengths, so {at:g}x is {lengths}; add a `where` that "
+                "picks one training length.")
+    drawn, weakest = False, []
+    for key, members in group(rows, by).items():
+        c = length_gen.position_curve(members, lengths[0])
+        if not c.lengths:
+            continue
+        (line,) = ax.plot(c.lengths, c.mean, marker=".", label=_label(key) or "token_acc")
+        _band(ax, c.lengths, c.low, c.high, line)
+        low = min(range(len(c.mean)), key=c.mean.__getitem__)
+        weakest.append(f"{_name(by, key) or 'token_acc'}: lowest at place {c.lengths[low]} ({c.mean[low]:.2f})")
+        drawn = True
+    if not drawn:
+        return not_recorded(ax, f"token_acc_by_position at length {lengths[0]}")
+    ax.axvline(max(r["train_max_length"] for r in rows), color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel(f"place in the answer at length {lengths[0]} ({at:g}x; dashed: longest trained)")
+    ax.set_ylabel("token acc (teacher-forced)")
+    _legend(ax, by)
+    return f"token accuracy by place in the answer at length {lengths[0]}, mean over seeds; " + "; ".join(weakest) + "."
+
+
 @PLOTS.register("by_length")
 def plot_by_length(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """The length curve under the name the position-scheme sweeps use."""

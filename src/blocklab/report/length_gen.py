@@ -4,6 +4,8 @@ Single seeds mislead on length generalization (Zhou et al. 2024: the same recipe
 seeds and not others), so everything here is per setting *over its seeds*:
 
 - `curve`: the metric against evaluation length, mean and min-max over seeds (the `length_curve` plot);
+- `position_curve`: token accuracy against the place in the answer at one evaluated length (the `by_position`
+  plot), which shows where extrapolation breaks: at the answer's start, its end, or evenly;
 - `summarize` / `section_html`: the "Length generalization" table a sweep enables with
   `study.length_table: {metric: exact_match, threshold: 0.9, at: 2}` (one row per compared setting):
   the mean in-distribution score (did the model learn the task at all), the longest evaluated length whose
@@ -106,6 +108,22 @@ def curve(members: list[dict], metric: str) -> Curve:
     lengths = sorted(per_length)
     scores = [per_length[n] for n in lengths]
     return Curve(lengths, [sum(s) / len(s) for s in scores], [min(s) for s in scores], [max(s) for s in scores],
+                 [len(s) for s in scores])
+
+
+def position_curve(members: list[dict], length: int) -> Curve:
+    """Per place in the answer (1-based; the last is the end-of-answer token): the mean, lowest and highest
+    teacher-forced token accuracy over the seeds whose eval row at `length` records it."""
+    per_place = defaultdict(list)
+    for run in members:
+        for entry in run.get("eval") or []:
+            if entry["length"] == length:
+                for place, score in enumerate(entry.get("token_acc_by_position") or [], start=1):
+                    if _score({"s": score}, "s") is not None:
+                        per_place[place].append(score)
+    places = sorted(per_place)
+    scores = [per_place[k] for k in places]
+    return Curve(places, [sum(s) / len(s) for s in scores], [min(s) for s in scores], [max(s) for s in scores],
                  [len(s) for s in scores])
 
 

@@ -108,6 +108,17 @@ def model_inputs(batch: dict) -> dict:
     return {key: batch[key] for key in ("valid", "source", "source_valid", "segment", *STREAMS) if key in batch}
 
 
+def hits_by_position(predicted: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Per place in the answer (the k-th scored target token of a row, the end-of-answer token included): how
+    many predictions are right there and how many rows have a k-th token. Answers of one length may differ in
+    size (a carry adds a digit), so the counts differ by place."""
+    scored = target != IGNORE
+    place = (scored.cumsum(1) - 1)[scored]
+    right = (predicted == target)[scored].to(torch.float64)
+    size = int(place.max()) + 1 if place.numel() else 0
+    return torch.bincount(place, weights=right, minlength=size), torch.bincount(place, minlength=size)
+
+
 def default_eval_lengths(min_len: int, max_len: int) -> list[int]:
     """The training range and beyond it, up to twice the training maximum, in about eight steps."""
     step = max(1, max_len // 4)
@@ -286,12 +297,13 @@ class SequenceTask(Task):
 
     @torch.no_grad()
     def evaluate_length(self, model, length: int, batch_size: int = 256) -> dict:
-        """Teacher-forced loss and token accuracy, and exact match of the whole answer under
+        """Teacher-forced loss and token accuracy (overall and per place in the answer), and exact match of the whole answer under
         greedy autoregressive generation (with the KV cache): the generated row up to its first EOS
         and the true answer agree once both pass through `scored` (index hints dropped)."""
         was_training = model.training
         model.eval()
         loss_sum = correct = tokens = exact = 0
+        right_at, rows_at = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
         examples = self.eval_set(length)
         for part in _chunks(examples, batch_size):
             batch = self.collate(part)
@@ -300,6 +312,8 @@ class SequenceTask(Task):
             loss_sum += F.cross_entropy(logits[scored], batch["target"][scored], reduction="sum").item()
             correct += (logits.argmax(-1)[scored] == batch["target"][scored]).sum().item()
             tokens += scored.sum().item()
+            right, rows = hits_by_position(logits.argmax(-1), batch["target"])
+            right_at, rows_at = _add_padded(right_at, right), _add_padded(rows_at, rows)
             generated = generate(model, [torch.tensor(e.prompt) for e in part], self.max_answer_len(length),
                                  eos_id=self.eos_id, pad_id=self.pad_id, bos_id=self.bos_id,
                                  streams=[{k: torch.tensor(v) for k, v in e.streams.items()} for e in part])
@@ -312,9 +326,16 @@ class SequenceTask(Task):
             "in_distribution": self.in_distribution(length),
             "exact_match": exact / len(examples),
             "token_acc": correct / tokens,
+            "token_acc_by_position": (right_at / rows_at).tolist(),  # where in the answer the errors sit
             "loss": loss if math.isfinite(loss) else None,
             "n": len(examples),
         }
+
+
+def _add_padded(a: Tensor, b: Tensor) -> Tensor:
+    """a + b, the shorter one extended with zeros."""
+    size = max(len(a), len(b))
+    return F.pad(a, (0, size - len(a))) + F.pad(b, (0, size - len(b)))
 
 
 def ddp_rank() -> int:

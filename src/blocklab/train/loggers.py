@@ -121,7 +121,7 @@ class WandbKind(LoggerKind):
 
     def log_results(self, logger, results, hparams):
         rows = results["eval"]
-        columns = list(rows[0])
+        columns = [c for c in rows[0] if not isinstance(rows[0][c], list)]  # per-position lists stay in results.json
         logger.log_table("eval/by_length", columns=columns, data=[[r[c] for c in columns] for r in rows])
         logger.experiment.summary.update({k: v for k, v in results.items() if not isinstance(v, (dict, list))})
         logger.experiment.finish()
