@@ -119,7 +119,7 @@ def position_curve(members: list[dict], length: int) -> Curve:
         for entry in run.get("eval") or []:
             if entry["length"] == length:
                 for place, score in enumerate(entry.get("token_acc_by_position") or [], start=1):
-                    if _score({"s": score}, "s") is not None:
+                    if score is not None and math.isfinite(score):  # non-finite numbers are written as null
                         per_place[place].append(score)
     places = sorted(per_place)
     scores = [per_place[k] for k in places]
