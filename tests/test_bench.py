@@ -1,6 +1,7 @@
 """Smoke test of the benchmark suite at tiny size: every benchmark runs and writes its JSON fields.
 No timing thresholds: figures at this size mean nothing."""
 import json
+import math
 
 import pytest
 
@@ -35,6 +36,8 @@ def test_benchmark_runs_at_tiny_size_and_writes_json(name, tmp_path):
     assert FIELDS[name] <= set(result)
     assert result["rows"] and all(ROW_FIELDS[name] <= set(row) for row in result["rows"])
     assert result["targets"]
+    if name == "startup":  # every launch was measured (a job the probe cannot see would leave NaN)
+        assert all(math.isfinite(row["s"]) and row["s"] > 0 for row in result["rows"])
     for verdict in result["targets"].values():
         assert {"value", "target", "met", "off_by"} <= set(verdict)
         assert verdict["met"] == (verdict["off_by"] == 0.0)

@@ -203,7 +203,7 @@ runpy.run_module("blocklab.train", run_name="__main__", alter_sys=True)
 def startup(size: str = "full") -> dict:
     """Wall time from launching `python -m blocklab.train trainer=debug logger=none` (what `python
     train.py` runs) to its first optimizer
-    step; and in a 3-job multirun, between one job and the next: from its last training step (the
+    step; and in a 3-job multirun run one job after another, between one job and the next: from its last training step (the
     gap, which includes the job's own evaluation) and from its results.json being written (the
     overhead: checkpoint, teardown and the next job's setup) to the next job's first step."""
     steps = 2 if size == "tiny" else 20
@@ -212,7 +212,9 @@ def startup(size: str = "full") -> dict:
         single = _probe_run([f"hydra.run.dir={tmp}/single", *common], tmp)
         jobs = 2 if size == "tiny" else 3
         seeds = ",".join(str(i) for i in range(jobs))
-        multi = _probe_run(["-m", f"hydra.sweep.dir={tmp}/multi", f"seed={seeds}", *common], tmp)
+        # One job after another in this process: the probe's hook sees no side-by-side worker's steps.
+        multi = _probe_run(["-m", f"hydra.sweep.dir={tmp}/multi", "hydra.launcher.n_jobs=1", f"seed={seeds}", *common],
+                           tmp)
         written = sorted(p.stat().st_mtime - multi["start"] for p in Path(tmp, "multi").glob("*/results.json"))
     first = single["first"][0]
     following = range(1, len(multi["first"]))
