@@ -202,10 +202,10 @@ runpy.run_module("blocklab.train", run_name="__main__", alter_sys=True)
 
 def startup(size: str = "full") -> dict:
     """Wall time from launching `python -m blocklab.train trainer=debug logger=none` (what `python
-    train.py` runs) to its first optimizer
-    step; and in a 3-job multirun run one job after another, between one job and the next: from its last training step (the
-    gap, which includes the job's own evaluation) and from its results.json being written (the
-    overhead: checkpoint, teardown and the next job's setup) to the next job's first step."""
+    train.py` runs) to its first optimizer step; and in a 3-job multirun run one job after another,
+    between one job and the next: from its last training step (the gap, which includes the job's own
+    evaluation) and from its results.json being written (the overhead: checkpoint, teardown and the
+    next job's setup) to the next job's first step."""
     steps = 2 if size == "tiny" else 20
     with tempfile.TemporaryDirectory() as tmp:
         common = [f"trainer.max_steps={steps}", "trainer=debug", "logger=none", "task.eval_examples=16"]

@@ -105,9 +105,14 @@ def curve(members: list[dict], metric: str) -> Curve:
             score = _score(entry, metric)
             if score is not None:
                 per_length[entry["length"]].append(score)
-    lengths = sorted(per_length)
-    scores = [per_length[n] for n in lengths]
-    return Curve(lengths, [sum(s) / len(s) for s in scores], [min(s) for s in scores], [max(s) for s in scores],
+    return _over_seeds(per_length)
+
+
+def _over_seeds(per_x: dict[int, list[float]]) -> Curve:
+    """The Curve of scores gathered per x (a length or a place), one score per seed."""
+    xs = sorted(per_x)
+    scores = [per_x[x] for x in xs]
+    return Curve(xs, [sum(s) / len(s) for s in scores], [min(s) for s in scores], [max(s) for s in scores],
                  [len(s) for s in scores])
 
 
@@ -121,10 +126,7 @@ def position_curve(members: list[dict], length: int) -> Curve:
                 for place, score in enumerate(entry.get("token_acc_by_position") or [], start=1):
                     if score is not None and math.isfinite(score):  # non-finite numbers are written as null
                         per_place[place].append(score)
-    places = sorted(per_place)
-    scores = [per_place[k] for k in places]
-    return Curve(places, [sum(s) / len(s) for s in scores], [min(s) for s in scores], [max(s) for s in scores],
-                 [len(s) for s in scores])
+    return _over_seeds(per_place)
 
 
 def draw(ax, curves: list[tuple[str, Curve]], train_max: list[int], metric: str,

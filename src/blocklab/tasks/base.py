@@ -297,12 +297,12 @@ class SequenceTask(Task):
 
     @torch.no_grad()
     def evaluate_length(self, model, length: int, batch_size: int = 256) -> dict:
-        """Teacher-forced loss and token accuracy (overall and per place in the answer), and exact match of the whole answer under
-        greedy autoregressive generation (with the KV cache): the generated row up to its first EOS
-        and the true answer agree once both pass through `scored` (index hints dropped)."""
+        """Teacher-forced loss and token accuracy (overall and per place in the answer), and exact match of
+        the whole answer under greedy autoregressive generation (with the KV cache): the generated row up to
+        its first EOS and the true answer agree once both pass through `scored` (index hints dropped)."""
         was_training = model.training
         model.eval()
-        loss_sum = correct = tokens = exact = 0
+        loss_sum = exact = 0
         right_at, rows_at = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
         examples = self.eval_set(length)
         for part in _chunks(examples, batch_size):
@@ -310,8 +310,6 @@ class SequenceTask(Task):
             logits = model(batch["input"], **model_inputs(batch))
             scored = batch["target"] != IGNORE
             loss_sum += F.cross_entropy(logits[scored], batch["target"][scored], reduction="sum").item()
-            correct += (logits.argmax(-1)[scored] == batch["target"][scored]).sum().item()
-            tokens += scored.sum().item()
             right, rows = hits_by_position(logits.argmax(-1), batch["target"])
             right_at, rows_at = _add_padded(right_at, right), _add_padded(rows_at, rows)
             generated = generate(model, [torch.tensor(e.prompt) for e in part], self.max_answer_len(length),
@@ -320,12 +318,13 @@ class SequenceTask(Task):
             exact += sum(self.scored(through_eos(row, self.eos_id)) == self.scored(e.answer)
                          for row, e in zip(generated.tolist(), part))
         model.train(was_training)
+        tokens = int(rows_at.sum())
         loss = loss_sum / tokens
         return {
             "length": length,
             "in_distribution": self.in_distribution(length),
             "exact_match": exact / len(examples),
-            "token_acc": correct / tokens,
+            "token_acc": int(right_at.sum()) / tokens,
             "token_acc_by_position": (right_at / rows_at).tolist(),  # where in the answer the errors sit
             "loss": loss if math.isfinite(loss) else None,
             "n": len(examples),
