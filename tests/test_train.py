@@ -27,6 +27,9 @@ def check_schema(results: dict) -> None:
     assert results["eval"] and all(EVAL_ROW_KEYS <= set(row) for row in results["eval"])
     for row in results["eval"]:
         assert 0 <= row["exact_match"] <= 1 and 0 <= row["token_acc"] <= 1 and row["n"] > 0
+        by_place = row["token_acc_by_position"]  # an answer of a length-L input: at least L tokens and the EOS
+        assert len(by_place) >= row["length"] + 1 and all(0 <= a <= 1 for a in by_place)
+        assert min(by_place) <= row["token_acc"] <= max(by_place)  # token_acc is a weighted mean of the places
     assert any(r["in_distribution"] for r in results["eval"]) and any(not r["in_distribution"] for r in results["eval"])
 
 
