@@ -213,6 +213,25 @@ def test_an_unknown_bench_or_plot_kind_fails_before_anything_is_written(sweep, t
         assert not (tmp_path / "r" / "report").exists()
 
 
+@pytest.mark.parametrize("plot, match", [
+    ({"kind": "by_position", "metric": "token_acc", "att": 3}, r"plots\[1\]\.att is not a key of plot kind by_position; did you mean at\?"),
+    ({"kind": "by_position", "metric": "token_acc", "at": 0}, r"plots\[1\]\.at=0 must be a number > 0"),
+    ({"kind": "by_layer", "metric": "grad_norm", "when": "ends"}, r"plots\[1\]\.when='ends'.*did you mean end\?"),
+    ({"kind": "attention_maps", "metric": "attention_maps", "when": ["init", "middle"]}, r"must be init, end or a list"),
+    ({"kind": "tradeoff", "metric": "exact_match_in"}, r"plots\[1\]\.x is missing: plot kind tradeoff needs it"),
+    ({"kind": "bar", "by": "pos"}, r"plots\[1\]\.metric is missing"),
+    ({"kind": "bar", "metric": "params", "where": "task=copy"}, r"where='task=copy' must be a mapping"),
+    ({"kind": "bar", "metric": "params", "by": ["pos", 3]}, r"by=\['pos', 3\] must be a key or a list of keys"),
+])
+def test_a_plot_key_its_kind_does_not_read_or_a_bad_value_fails_before_anything_is_written(sweep, tmp_path, plot,
+                                                                                            match):
+    ok = {"kind": "bar", "metric": "params"}
+    with pytest.raises(ConfigError, match=match) as error:
+        build_report(tmp_path / "r", collect(sweep), {"sections": {**STUDY, "plots": [ok, plot]}})
+    assert len(str(error.value).splitlines()) == 1  # the good plot before it raises nothing
+    assert not (tmp_path / "r" / "report").exists()
+
+
 def test_finished_runs_get_the_plots_the_sweep_file_asks_for_now(tmp_path):
     """The saved study block says what the runs did; what to draw (plots, bench) comes from the sweep file."""
     run_dir = tmp_path / "head_count" / "job"

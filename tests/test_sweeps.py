@@ -17,6 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from blocklab.report.build import check_plots
 from blocklab.train.run import prepare
 from blocklab.train.sweep import one_job_at_a_time
 from conftest import CONF, ROOT, compose_config, report_page
@@ -68,6 +69,14 @@ def test_a_bar_never_pools_settings(name):
         if plot.kind == "bar":
             by = [plot.by] if isinstance(plot.by, str) else list(plot.by)
             assert varied <= {*by, *plot.get("where", {})}, (plot.metric, varied - {*by, *plot.get("where", {})})
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_JOBS))
+def test_every_plot_a_sweep_file_asks_for_passes_the_report_check(name, tmp_path):
+    """A plot spec the report would refuse fails here, not after the sweep has trained."""
+    study = OmegaConf.to_container(compose_config([f"sweep={name}"], tmp_path).study, resolve=True)
+    assert study.get("plots"), name
+    check_plots(study)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_JOBS))

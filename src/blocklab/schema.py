@@ -80,6 +80,28 @@ class Text(Spec):
 
 
 @dataclass(frozen=True)
+class Keys(Spec):
+    """One config key or a list of them (what a report groups runs by; []: all runs as one group)."""
+
+    expect: str = "a key or a list of keys, e.g. [pos, task.index_hints]"
+
+    def accepts(self, value):
+        return (isinstance(value, str) and bool(value)) or (
+            isinstance(value, list) and all(isinstance(v, str) and v for v in value))
+
+
+@dataclass(frozen=True)
+class Selection(Spec):
+    """Which runs to keep: a mapping of config key to the one value they must have."""
+
+    expect: str = "a mapping of key to value, e.g. {task: copy}"
+
+    def accepts(self, value):
+        return isinstance(value, dict) and bool(value) and all(
+            isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in value.items())
+
+
+@dataclass(frozen=True)
 class Choice(Spec):
     options: tuple
     described: str = ""  # the options with what each means, where their names do not say it

@@ -7,14 +7,26 @@ recorded them (else over every query), at the first and the last `when`.
 Study spec: {kind: attention_maps, metric: attention_maps, by: task, when: [init, end]}."""
 import json
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.image import imread
 
+from blocklab.report.common import WHEN, takes
 from blocklab.results import RESULTS_FILE
+from blocklab.schema import Spec
 
 SAVED_DPI = 100  # analysis/plots.save: the saved figures' pixels per inch
 MAX_WIDTH = 24.0  # inches for a whole row of figures (32 heads side by side would be 62)
+
+
+@dataclass(frozen=True)
+class _Whens(Spec):
+    expect: str = "init, end or a list of them, e.g. [init, end]"
+
+    def accepts(self, value):
+        values = value if isinstance(value, list) else [value]
+        return bool(values) and all(WHEN.accepts(v) for v in values)
 
 
 def _maps(run: str, when: str) -> Path | None:
@@ -49,6 +61,7 @@ def _numbers(members: list[dict], whens: list[str]) -> str:
     return "; ".join(parts)
 
 
+@takes(when=_Whens())
 def plot_attention_maps(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """Hides the one axes the report hands over and fills its figure with the saved heatmaps (settings x `when`)."""
     whens = [spec["when"]] if isinstance(spec.get("when"), str) else list(spec.get("when") or ["end"])

@@ -25,11 +25,13 @@ from blocklab.report import benches  # noqa: E402
 from blocklab.report.activation_curves import plot_activation_functions  # noqa: E402
 from blocklab.report.attention_maps import plot_attention_maps  # noqa: E402
 from blocklab.report.common import band as _band, group, keys as _keys, label as _label, legend as _legend  # noqa: E402
-from blocklab.report.common import name as _name, not_recorded, order as _order, short as _short  # noqa: E402
+from blocklab.report.common import WHEN, name as _name, not_recorded, order as _order, plot_errors  # noqa: E402
+from blocklab.report.common import short as _short, takes  # noqa: E402
 from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS  # noqa: E402
 from blocklab.report.per_head import plot_per_head  # noqa: E402
 from blocklab.report.spectral import plot_spectral_bounds  # noqa: E402
 from blocklab.results import RESULTS_FILE  # noqa: E402
+from blocklab.schema import Number, Text  # noqa: E402
 
 # What a study without `study.metrics` is judged on (those its runs record).
 DEFAULT_METRICS = ("final_val_loss", "exact_match_in", "exact_match_out")
@@ -167,6 +169,7 @@ def plot_length_curve(ax, rows: list[dict], spec: dict, metric: str, by: list[st
 
 
 @PLOTS.register("by_position")
+@takes(at=Number(0, low_open=True))
 def plot_by_position(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """Token accuracy against the place in the answer at `at` x the longest training length (default 2), per
     setting: the mean over seeds, the seed range shaded; dashed: the longest trained answer. It shows where
@@ -203,6 +206,7 @@ def plot_by_length(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
 
 
 @PLOTS.register("by_choice")
+@takes(required=("x",), x=Text())
 def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """The metric against a numeric choice `x` (log2 axis), one line per setting: the mean over seeds, the seed
     range shaded. `metric` (and `x`) is a report column or a results.json field by dotted path."""
@@ -226,6 +230,7 @@ def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
 
 
 @PLOTS.register("by_layer")
+@takes(when=WHEN)
 def plot_by_layer(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """A per-layer diagnostic (at init or at the end, `when`), one line per setting and depth: the mean over
     seeds, the seed range shaded."""
@@ -270,6 +275,7 @@ def plot_bar(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> st
 
 
 @PLOTS.register("tradeoff")
+@takes(required=("x",), x=Text())
 def plot_tradeoff(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """Quality (`metric`, y) against a cost (`x`), one point per setting at the seed means, seed spread as error
     bars both ways. `x` (and `metric`) is a report column or a results.json field by dotted path
@@ -487,10 +493,19 @@ th{background:#f3f3f3}figure{margin:1em 0}img{max-width:100%}.question{font-size
 .wide{overflow-x:auto}"""
 
 
-def _check_plots(spec: dict) -> None:
-    unknown = [p.get("kind") for p in spec.get("plots", []) if p.get("kind") not in PLOTS]
-    if unknown:
-        raise ConfigError("\n".join(PLOTS.unknown(k) for k in unknown))
+def check_plots(spec: dict) -> None:
+    """Every plot of a study: a known kind, and only keys that kind reads, with values it takes."""
+    errors = []
+    for i, plot in enumerate(spec.get("plots") or []):
+        where = f"study.plots[{i}]"
+        if not isinstance(plot, dict):
+            errors.append(f"{where}={plot!r} must be a mapping such as {{kind: bar, metric: exact_match_in, by: pos}}")
+        elif plot.get("kind") not in PLOTS:
+            errors.append(PLOTS.unknown(plot.get("kind")))
+        else:
+            errors += plot_errors(plot, where, PLOTS[plot["kind"]])
+    if errors:
+        raise ConfigError("\n".join(errors))
 
 
 def build_report(root: Path, rows: list[dict], specs: dict[str, dict], bench_files: list[Path] = ()) -> Path:
@@ -502,7 +517,7 @@ def build_report(root: Path, rows: list[dict], specs: dict[str, dict], bench_fil
     for name, spec in specs.items():  # every study's specs are checked before any file is written
         length_gen.table_spec(spec.get("length_table"))
         metrics_spec(spec.get("metrics"), by_study.get(name, []))
-        _check_plots(spec)
+        check_plots(spec)
         bad = [b for b in benches.names(spec.get("bench")) if b not in benches.BENCH_SECTIONS]
         if bad:
             raise ConfigError("\n".join(benches.BENCH_SECTIONS.unknown(b) for b in bad))

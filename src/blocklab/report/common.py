@@ -1,6 +1,39 @@
 """What every plot kind shares: settings grouped in a stable order, their labels, seed bands, legends beside the
 axes. Plot kinds in their own modules (spectral.py, per_head.py...) use these without importing build.py."""
+import difflib
 from collections import defaultdict
+
+from blocklab.schema import Choice, Keys, Selection, Spec, Text
+
+# The keys every plot kind reads (`metric` required; `by` and `where` optional) and the specs of their values.
+PLOT_KEYS: dict[str, Spec] = {"kind": Text(), "metric": Text(), "by": Keys(), "where": Selection()}
+WHEN = Choice(("init", "end"), noun="a diagnostics measurement")  # results.json's diagnostics.<when>
+
+
+def takes(required: tuple[str, ...] = (), **specs: Spec):
+    """Declares the keys a plot kind reads beyond PLOT_KEYS, each with the spec of its value (`required`: those
+    it cannot draw without). The report checks a sweep's plots against them before it writes anything."""
+    def declare(draw):
+        draw.plot_keys, draw.required_keys = specs, ("metric", *required)
+        return draw
+    return declare
+
+
+def plot_errors(plot, where: str, draw) -> list[str]:
+    """One line per problem of one plot spec drawn by `draw` (a plot kind): a key the kind does not read, a value
+    its spec refuses, a key the kind needs that is missing."""
+    specs = {**PLOT_KEYS, **getattr(draw, "plot_keys", {})}
+    kind = plot.get("kind")
+    errors = [f"{where}.{key} is missing: plot kind {kind} needs it" for key in getattr(draw, "required_keys",
+                                                                                       ("metric",)) if key not in plot]
+    for key, value in plot.items():
+        if key not in specs:
+            close = difflib.get_close_matches(str(key), list(specs), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            errors.append(f"{where}.{key} is not a key of plot kind {kind}; {hint}its keys are {sorted(specs)}")
+        else:
+            errors += filter(None, [specs[key].error(f"{where}.{key}", value)])
+    return errors
 
 
 def keys(spec_by) -> list[str]:

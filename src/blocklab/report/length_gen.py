@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from blocklab.errors import ConfigError
-from blocklab.schema import Choice, Number, Spec
+from blocklab.schema import Choice, Keys, Number, Spec
 
 KEY = "study.length_table"
 METRICS = ("exact_match", "token_acc")  # per-length scores in [0, 1] where higher is better
@@ -32,22 +32,11 @@ DEFAULTS = {"metric": "exact_match", "threshold": 0.9, "at": 2}
 EXAMPLE = "{metric: exact_match, threshold: 0.9, at: 2}"
 
 
-@dataclass(frozen=True)
-class _Keys(Spec):
-    """`by`: one compared key or a list of them (default: the study's `compare`)."""
-
-    expect: str = "a key or a list of keys, e.g. [pos, task.index_hints] (default: study.compare)"
-
-    def accepts(self, value):
-        return (isinstance(value, str) and bool(value)) or (
-            isinstance(value, list) and all(isinstance(v, str) and v for v in value))
-
-
 SPECS: dict[str, Spec] = {
     "metric": Choice(METRICS, noun="a per-length score in [0, 1]"),
     "threshold": Number(0, 1, low_open=True, high_open=False),
     "at": Number(0, low_open=True),
-    "by": _Keys(),
+    "by": Keys("a key or a list of keys, e.g. [pos, task.index_hints] (default: study.compare)"),
 }
 
 

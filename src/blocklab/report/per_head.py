@@ -6,7 +6,7 @@ setting and layer, the heads' range (mean over seeds of max - min over heads).
 Study spec: {kind: per_head, metric: attention_entropy, by: n_heads, when: end} (reads <metric>_heads)."""
 from matplotlib import colormaps
 
-from blocklab.report.common import group, label, legend, name, not_recorded
+from blocklab.report.common import WHEN, group, label, legend, name, not_recorded, takes
 
 WIDTH = 0.8  # of one setting's slot on the x axis, shared by its layers
 
@@ -17,6 +17,7 @@ def _runs(members: list[dict], when: str, metric: str) -> list[list[list[float]]
     return [r for r in found if r and all(r)]
 
 
+@takes(when=WHEN)
 def plot_per_head(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     when = spec.get("when", "end")
     settings = [(key, _runs(members, when, metric)) for key, members in group(rows, by).items()]

@@ -7,7 +7,7 @@ pre-norm bound where the layer has one; grey: the generic bounds 1 and sqrt(n) o
 Study spec: {kind: spectral_bounds, metric: spectral_norm_max, by: [norm], when: init}."""
 from matplotlib.ticker import MaxNLocator
 
-from blocklab.report.common import band, group, label, legend, name, not_recorded, series
+from blocklab.report.common import WHEN, band, group, label, legend, name, not_recorded, series, takes
 
 MEASURED, BOUND, GENERIC = "spectral_norm_max", "spectral_prenorm_bound", "spectral_generic_bound"
 
@@ -16,6 +16,7 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
+@takes(when=WHEN)
 def plot_spectral_bounds(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     when, keys = spec.get("when", "init"), by + ["model.n_layers"]
     notes, sqrt_n = [], set()
