@@ -334,6 +334,7 @@ def test_a_packed_sweep_writes_each_seed_where_the_sequential_sweep_does(tmp_pat
     assert alone.keys() == together.keys() and len(together) == 2  # the same directories: pack_seeds names no job
     for name, results in together.items():
         assert results["status"] == "completed" and results["pack"] == {"members": 2, "seeds": [0, 1]}
+        assert results["beside_other_jobs"] is False and alone[name]["beside_other_jobs"] is False  # n_jobs=1
         assert results["final_train_loss"] == pytest.approx(alone[name]["final_train_loss"], rel=1e-4)
         assert "study.pack_seeds=True" in results["overrides"] and f"seed={results['choices']['seed']}" in \
             results["overrides"]

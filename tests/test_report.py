@@ -55,3 +55,14 @@ def test_tradeoff_plots_quality_against_a_cost_from_results_and_names_the_front(
     assert note.endswith("Not beaten on both: attn=linear, attn=local, attn=mha.")  # `slow` loses on both
     speed = plot(rows, {**spec, "x": "tokens_per_s"}, tmp_path / "speed.png")  # a column: higher is cheaper
     assert speed.endswith("Not beaten on both: attn=local, attn=mha.")  # linear: slower and worse than local
+
+
+def test_speeds_of_runs_trained_beside_other_jobs_carry_a_caveat_with_the_fix(tmp_path):
+    """A job's tokens/s depends on the job that ran beside it: the report says so, and how to measure cleanly."""
+    rows = [{**run("copy", h, s, 0.1 * h + 0.01 * s), "tokens_per_s": 1000.0 / h} for h in (1, 2) for s in (0, 1)]
+    alone = section("speed", {"compare": ["n_heads"], "metrics": ["tokens_per_s"]}, rows, tmp_path)
+    assert "ran beside them" not in alone
+    rows[1]["beside_other_jobs"] = rows[2]["beside_other_jobs"] = True
+    beside = section("speed", {"compare": ["n_heads"], "metrics": ["tokens_per_s"]}, rows, tmp_path)
+    assert "Speeds (tokens/s, ms per step, decoding tokens/s) of 2 of 4 runs were measured while other jobs ran " \
+           "beside them" in beside and "hydra.launcher.n_jobs=1" in beside

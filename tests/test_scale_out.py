@@ -69,6 +69,7 @@ def test_multirun_jobs_run_side_by_side_on_their_share_of_the_cores(tmp_path):
     results = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}
     assert sorted(results) == ["0", "1"] and {r["status"] for r in results.values()} == {"completed"}
     assert results["0"]["threads"] == 1 and results["1"]["threads"] == 2  # loky's share; the key's value
+    assert all(r["beside_other_jobs"] is True for r in results.values())  # the report's speed caveat reads it
     assert "\x1b[" not in proc.stdout
 
 

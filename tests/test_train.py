@@ -31,6 +31,7 @@ def check_schema(results: dict) -> None:
         assert len(by_place) >= row["length"] + 1 and all(0 <= a <= 1 for a in by_place)
         assert min(by_place) <= row["token_acc"] <= max(by_place)  # token_acc is a weighted mean of the places
     assert any(r["in_distribution"] for r in results["eval"]) and any(not r["in_distribution"] for r in results["eval"])
+    assert results["beside_other_jobs"] is False  # a single run: its speed is its own (sweeps: test_scale_out)
 
 
 ISSUE_COMBINATIONS = [

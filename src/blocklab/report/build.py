@@ -327,6 +327,17 @@ def _results(run: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def speed_caveat(rows: list[dict]) -> str | None:
+    """Runs that trained while other jobs of the sweep ran on the same machine share its cores and memory
+    bandwidth with them: their speeds measure the pairing as well as the setting."""
+    beside = sum(bool(r.get("beside_other_jobs")) for r in rows)
+    if not beside:
+        return None
+    return (f"Speeds (tokens/s, ms per step, decoding tokens/s) of {beside} of {len(rows)} runs were measured while "
+            "other jobs ran beside them on the same machine, so each depends on its neighbour as well as on its own "
+            "setting. For a speed comparison, rerun with hydra.launcher.n_jobs=1 (one job at a time, every core).")
+
+
 def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     """Draw one canonical plot; returns a sentence of what it shows, computed from the data."""
     kind, metric, by = spec["kind"], spec["metric"], _keys(spec.get("by", []))
@@ -457,6 +468,8 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
                 shown += [Finding(prefix + f.text, f.details) for f in findings(subset, keys, metric)]
             shown += [Finding(prefix + n) for n in length_gen.degenerate_notes(subset, threshold=threshold)]
         shown += [Finding(n) for n in dict.fromkeys(notes) if n]
+        if caveat := speed_caveat(done):
+            shown.append(Finding(caveat))
         if any(r["diverged"] for r in done):
             shown.append(Finding(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged."))
         parts.append("<p><b>What the numbers show.</b> P(best better): the fraction of (seed, seed) pairs in which "

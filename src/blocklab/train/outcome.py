@@ -9,6 +9,7 @@ from blocklab.results import in_distribution_exact_match, learned_in_distributio
 from blocklab.tasks import Task
 from blocklab.schema import PRECISIONS
 from blocklab.train.costs import costs
+from blocklab.train.sweep import beside_other_jobs
 
 
 def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true") -> dict:
@@ -61,6 +62,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "tokens_per_s": lit.tokens_seen / lit.step_time_s if lit.step_time_s else 0.0,
         "ms_per_step": 1000 * lit.step_time_s / max(1, steps),
         "threads": torch.get_num_threads(),  # the times above depend on it (trainer.threads, the launcher)
+        "beside_other_jobs": beside_other_jobs(),  # then they depend on the jobs that ran beside it too
         "final_train_loss": lit.last_train_loss,
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": diverged_at_step,
