@@ -153,7 +153,7 @@ def launcher(overrides: list[str]) -> dict:
 def test_sweeps_run_jobs_side_by_side_except_those_that_time_them():
     """Side by side, jobs share the cores and the memory bus: a sweep whose question is speed runs one at a time."""
     assert launcher(["sweep=pe_copy"])["n_jobs"] == -1
-    for timed in ("attention_cost", "attention_variants"):
+    for timed in ("attention_cost", "attention_variants", "attention_kinds"):
         assert one_job_at_a_time(launcher([f"sweep={timed}"])), timed
 
 
