@@ -12,9 +12,10 @@ WHEN = Choice(("init", "end"), noun="a diagnostics measurement")  # results.json
 
 def takes(required: tuple[str, ...] = (), **specs: Spec):
     """Declares the keys a plot kind reads beyond PLOT_KEYS, each with the spec of its value (`required`: those
-    it cannot draw without). The report checks a sweep's plots against them before it writes anything."""
+    it cannot draw without, besides `metric`). The report checks a sweep's plots against them before it writes
+    anything."""
     def declare(draw):
-        draw.plot_keys, draw.required_keys = specs, ("metric", *required)
+        draw.plot_keys, draw.required_keys = specs, required
         return draw
     return declare
 
@@ -24,8 +25,8 @@ def plot_errors(plot, where: str, draw) -> list[str]:
     its spec refuses, a key the kind needs that is missing."""
     specs = {**PLOT_KEYS, **getattr(draw, "plot_keys", {})}
     kind = plot.get("kind")
-    errors = [f"{where}.{key} is missing: plot kind {kind} needs it" for key in getattr(draw, "required_keys",
-                                                                                       ("metric",)) if key not in plot]
+    required = ("metric", *getattr(draw, "required_keys", ()))
+    errors = [f"{where}.{key} is missing: plot kind {kind} needs it" for key in required if key not in plot]
     for key, value in plot.items():
         if key not in specs:
             close = difflib.get_close_matches(str(key), list(specs), n=1)

@@ -71,9 +71,13 @@ def table_spec(value) -> dict | None:
     return spec
 
 
-def _score(entry: dict, metric: str) -> float | None:
-    value = entry.get(metric)
+def _finite(value) -> float | None:
+    """A score as recorded, or None where it is missing or not a finite number (non-finite ones are written null)."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _score(entry: dict, metric: str) -> float | None:
+    return _finite(entry.get(metric))
 
 
 @dataclass
@@ -113,7 +117,7 @@ def position_curve(members: list[dict], length: int) -> Curve:
         for entry in run.get("eval") or []:
             if entry["length"] == length:
                 for place, score in enumerate(entry.get("token_acc_by_position") or [], start=1):
-                    if score is not None and math.isfinite(score):  # non-finite numbers are written as null
+                    if _finite(score) is not None:
                         per_place[place].append(score)
     return _over_seeds(per_place)
 
