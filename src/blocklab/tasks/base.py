@@ -67,12 +67,11 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, Tensor]:
     """Decoder-only: right-pad `prompt + answer`; the model reads it shifted by one and is scored
     on the answer only."""
     batch = _shifted([e.prompt + e.answer for e in examples], [len(e.prompt) - 1 for e in examples], pad_id)
+    width = batch["input"].shape[1]
     for name in examples[0].streams:
-        stream = torch.zeros_like(batch["input"])  # padding's ids are never read: padding is masked
-        for row, e in enumerate(examples):
-            n = len(e.prompt) + len(e.answer) - 1
-            stream[row, :n] = torch.tensor(e.streams[name][:n])
-        batch[name] = stream
+        # padding's ids are never read (padding is masked), so 0 will do
+        rows = [e.streams[name][:len(e.prompt) + len(e.answer) - 1] for e in examples]
+        batch[name] = torch.tensor([row + [0] * (width - len(row)) for row in rows], dtype=torch.long)
     return batch
 
 
@@ -80,26 +79,22 @@ def collate_seq2seq(examples: list[Example], pad_id: int, bos_id: int) -> dict[s
     """Encoder-decoder: the prompt is the source; the decoder reads `BOS answer` shifted by one."""
     batch = _shifted([[bos_id] + e.answer for e in examples], [0] * len(examples), pad_id)
     width = max(len(e.prompt) for e in examples)
-    batch["source"] = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    batch["source_valid"] = torch.zeros(len(examples), width, dtype=torch.bool)
-    for row, e in enumerate(examples):
-        batch["source"][row, :len(e.prompt)] = torch.tensor(e.prompt)
-        batch["source_valid"][row, :len(e.prompt)] = True
+    batch["source"] = torch.tensor([e.prompt + [pad_id] * (width - len(e.prompt)) for e in examples], dtype=torch.long)
+    batch["source_valid"] = torch.arange(width) < torch.tensor([len(e.prompt) for e in examples])[:, None]
     return batch
 
 
 def _shifted(sequences: list[list[int]], first_scored: list[int], pad_id: int) -> dict[str, Tensor]:
-    """Inputs seq[:-1], targets seq[1:] from position `first_scored` on, right-padded and masked."""
+    """Inputs seq[:-1], targets seq[1:] from position `first_scored` on, right-padded and masked.
+    Padded as lists and converted once: a tensor write per row made collation a visible share of a
+    small model's training step."""
     width = max(len(seq) for seq in sequences) - 1
-    inputs = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    targets = torch.full((len(sequences), width), IGNORE, dtype=torch.long)
-    valid = torch.zeros(len(sequences), width, dtype=torch.bool)
-    for row, (seq, start) in enumerate(zip(sequences, first_scored)):
-        n = len(seq) - 1
-        inputs[row, :n] = torch.tensor(seq[:-1])
-        valid[row, :n] = True
-        targets[row, start:n] = torch.tensor(seq[start + 1:])
-    return {"input": inputs, "target": targets, "valid": valid}
+    inputs = [seq[:-1] + [pad_id] * (width + 1 - len(seq)) for seq in sequences]
+    targets = [[IGNORE] * start + seq[start + 1:] + [IGNORE] * (width + 1 - len(seq))
+               for seq, start in zip(sequences, first_scored)]
+    lengths = torch.tensor([len(seq) - 1 for seq in sequences])
+    return {"input": torch.tensor(inputs, dtype=torch.long), "target": torch.tensor(targets, dtype=torch.long),
+            "valid": torch.arange(width) < lengths[:, None]}
 
 
 def model_inputs(batch: dict) -> dict:
