@@ -137,11 +137,54 @@ def sweep_dirs(overrides: list[str]) -> tuple[str, str]:
 
 def test_sweep_files_write_to_their_study_folder_and_other_multiruns_to_a_dated_one():
     assert sweep_dirs(["sweep=pe_copy"]) == ("outputs/sweeps/pe_copy", "seed=1")
-    assert sweep_dirs(["sweep=causal_mask", "study.scale=4"]) == ("outputs/sweeps/causal_mask", "seed=1")
+    assert sweep_dirs(["sweep=causal_mask", "study.scale=1"]) == ("outputs/sweeps/causal_mask", "seed=1")
+    # a bigger study is another experiment: its jobs must not be skipped as the 1x ones' (nor overwrite them)
+    assert sweep_dirs(["sweep=causal_mask", "study.scale=4"]) == ("outputs/sweeps/causal_mask-scale4", "seed=1")
+    assert sweep_dirs(["sweep=causal_mask", "study.scale=0.5"]) == ("outputs/sweeps/causal_mask-scale0.5", "seed=1")
     directory, subdir = sweep_dirs([])
     assert directory.startswith("outputs/multirun/") and len(Path(directory).parts) == 4 and subdir == "7"
     for path in SWEEPS.glob("*.yaml"):  # the layout is defined once, in config.yaml
         assert "dir:" not in path.read_text(), path.name
+
+
+def test_a_launch_that_would_reuse_a_job_trained_otherwise_or_mix_scales_is_refused_before_any_work(tmp_path):
+    """A sweep file's folder skips finished jobs and resumes interrupted ones: a job found there stands for this
+    launch's only if it trained this launch's config, and one launch cannot sweep study.scale (two scales would
+    share the folder and the job names)."""
+    from blocklab.errors import ConfigError
+    from blocklab.results import write_results
+    from blocklab.train.sweep import check_sweep_jobs
+
+    folder = tmp_path / "sweep"
+    job = ["sweep=pe_copy", "pos=rope", "seed=0", f"hydra.sweep.dir={folder}"]
+    with pytest.raises(ConfigError, match=r"^study.scale takes one value per launch of a sweep file \(1, 2 asked\)"):
+        check_sweep_jobs([*job, "study.scale=1,2"])
+
+    run_dir = folder / "pos=rope,seed=0"
+    (run_dir / ".hydra").mkdir(parents=True)
+    write_results(run_dir, {"status": "completed"})
+    saved = compose_config(job[:-1])
+    OmegaConf.save(saved, run_dir / ".hydra" / "config.yaml", resolve=True)
+    assert check_sweep_jobs(job) == 1  # the same config: skipped as finished
+    assert check_sweep_jobs([*job, "logger=none", "diagnostics=none"]) == 1  # nothing that changes results
+
+    saved.optim.lr = saved.optim.lr * 2  # e.g. the sweep file was edited after the job ran
+    OmegaConf.save(saved, run_dir / ".hydra" / "config.yaml", resolve=True)
+    with pytest.raises(ConfigError) as refused:
+        check_sweep_jobs(job)
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1 and message.startswith(f"{run_dir} was trained with another config")
+    assert f"optim.lr: {saved.optim.lr}" in message and "study.name=NEW_NAME" in message
+    assert (run_dir / "results.json").exists()  # refused, not cleaned up
+
+    (run_dir / "results.json").unlink()  # an interrupted job, whose checkpoint would be resumed, is held to it too
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(ConfigError, match="optim.lr"):
+        check_sweep_jobs(job)
+    steps = saved.trainer.max_steps  # a folder named by hand (hydra.sweep.dir) holds one scale as well
+    with pytest.raises(ConfigError, match=f"trainer.max_steps: {steps} -> {2 * steps}"):
+        check_sweep_jobs([*job, "study.scale=2"])
 
 
 def launcher(overrides: list[str]) -> dict:

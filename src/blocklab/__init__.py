@@ -13,3 +13,17 @@ def _if_study(with_study: str, without: str, *, _root_: DictConfig) -> str:
 
 
 OmegaConf.register_new_resolver("if_study", _if_study, replace=True)
+
+
+def study_folder(name: str, scale) -> str:
+    """A sweep file's output folder under outputs/sweeps: its name, and its scale when not 1 (a 4x study is
+    another experiment, whose finished jobs must not stand for the 1x ones, nor the other way round)."""
+    return name if scale == 1 else f"{name}-scale{scale:g}"
+
+
+def _study_folder(*, _root_: DictConfig) -> str:
+    """`${study_folder:}`: study_folder of the config's study.name and study.scale (conf/config.yaml)."""
+    return study_folder(OmegaConf.select(_root_, "study.name"), OmegaConf.select(_root_, "study.scale", default=1))
+
+
+OmegaConf.register_new_resolver("study_folder", _study_folder, replace=True)

@@ -11,7 +11,7 @@ import io
 from functools import cache
 
 from hydra import compose, initialize_config_dir
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra._internal.utils import get_args_parser
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -258,6 +258,13 @@ def job_name_excluded_keys() -> frozenset[str]:
     they do not change its results, or say where it writes. Hydra matches them exactly, as written."""
     conf = OmegaConf.load(CONF_DIR / "config.yaml")
     return frozenset(conf.hydra.job.config.override_dirname.exclude_keys)
+
+
+def job_dirname(overrides: list[str], naming) -> str:
+    """The folder name Hydra gives a sweep job with these overrides (hydra.job.override_dirname), under the
+    naming settings `naming` (hydra.job.config.override_dirname)."""
+    return get_overrides_dirname(OverridesParser.create().parse_overrides(overrides), list(naming.exclude_keys),
+                                 naming.item_sep, naming.kv_sep)
 
 
 def override_key(override: str) -> str:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from hydra._internal.config_loader_impl import get_overrides_dirname
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -24,7 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from blocklab.errors import ConfigError
-from blocklab.overrides import command_line_overrides
+from blocklab.overrides import command_line_overrides, job_dirname
 from blocklab.results import previous_status, swept_overrides
 from blocklab.train.sweep import FINAL_STATUSES, current_launcher, in_sweep, one_job_at_a_time, sweep_tags_and_group
 
@@ -93,13 +92,6 @@ def _key(line: str) -> str:
     return line.partition("=")[0]
 
 
-def job_dirname(overrides: list[str]) -> str:
-    """The directory name Hydra gives a job with these overrides (hydra.job.override_dirname)."""
-    naming = HydraConfig.get().job.config.override_dirname
-    return get_overrides_dirname(OverridesParser.create().parse_overrides(overrides), list(naming.exclude_keys),
-                                 naming.item_sep, naming.kv_sep)
-
-
 def seed_group(cfg: DictConfig) -> list[tuple[DictConfig, list[str]]] | str:
     """The jobs of this sweep that differ from this one only in their seed, unfinished and resuming from this
     job's step, as (config, overrides), in the sweep's order; or why this job trains alone."""
@@ -115,7 +107,8 @@ def seed_group(cfg: DictConfig) -> list[tuple[DictConfig, list[str]]] | str:
     rest = sorted(o for o in mine if _key(o) != "seed")
     jobs = [job for job in sweep_jobs_now() if sorted(o for o in job if _key(o) != "seed") == rest]
     dirname, run_dir = HydraConfig.get().job.override_dirname, str(cfg.run_dir)
-    if sorted(mine) not in [sorted(job) for job in jobs] or job_dirname(mine) != dirname \
+    naming = HydraConfig.get().job.config.override_dirname
+    if sorted(mine) not in [sorted(job) for job in jobs] or job_dirname(mine, naming) != dirname \
             or not run_dir.endswith(dirname):
         return "its seeds' directories cannot be told from Hydra's naming here (hydra.sweep.subdir changed?)"
     start = prepared(cfg).start_step
@@ -123,7 +116,7 @@ def seed_group(cfg: DictConfig) -> list[tuple[DictConfig, list[str]]] | str:
     for job in jobs:
         member = copy.deepcopy(cfg)
         seed = OverridesParser.create().parse_override(next(o for o in job if _key(o) == "seed")).value()
-        member.seed, member.run_dir = seed, run_dir[:len(run_dir) - len(dirname)] + job_dirname(job)
+        member.seed, member.run_dir = seed, run_dir[:len(run_dir) - len(dirname)] + job_dirname(job, naming)
         if Path(member.run_dir) != Path(run_dir):
             if previous_status(Path(member.run_dir)) in FINAL_STATUSES:
                 continue

@@ -207,7 +207,8 @@ class SweepEnd(Callback):
 def check_sweep_jobs(overrides: list[str]) -> int:
     """Validate every job of a multirun before the first starts. No valid job: ConfigError with the problems
     (once each, so a mistake common to all jobs is one line), and nothing is created. Some invalid: they
-    are listed now, and each is recorded as 'invalid' when its turn comes."""
+    are listed now, and each is recorded as 'invalid' when its turn comes. A sweep file's launch that would
+    mix scales in one folder, or reuse a finished or interrupted job trained with another config, is refused."""
     from hydra import compose, initialize_config_dir
 
     from blocklab.cli import CONF_DIR
@@ -216,18 +217,56 @@ def check_sweep_jobs(overrides: list[str]) -> int:
 
     jobs = sweep_jobs(overrides)
     problems: dict[str, list[str]] = {}
+    configs, job_settings = [], []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
-        launcher = OmegaConf.to_container(compose("config", [*jobs[0], "run_dir=unused"],
-                                                  return_hydra_config=True).hydra.launcher)
+        first = compose("config", [*jobs[0], "run_dir=unused"], return_hydra_config=True)
+        launcher = OmegaConf.to_container(first.hydra.launcher)
         for job in jobs:
             settings = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
             config = OmegaConf.to_container(compose("config", [*settings, "run_dir=unused"]), resolve=True)
+            configs.append(config)
+            job_settings.append(settings)
             errors = config_errors(config) or list(filter(None, [side_by_side_error(config, launcher)]))
             if errors:
                 problems[",".join(o for o in job if names_the_job(o))] = errors
     if len(problems) == len(jobs):
         raise ConfigError("\n".join(dict.fromkeys(line for lines in problems.values() for line in lines)))
+    if first.get("study"):
+        check_study_folder(job_settings, configs, Path(first.hydra.sweep.dir), first.hydra.job.config.override_dirname)
     for job, errors in problems.items():
         print(f"warning: job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}",
               file=sys.stderr)
     return len(jobs)
+
+
+def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path, naming: DictConfig) -> None:
+    """`jobs`: each job's overrides but Hydra's own, `configs` its config. A sweep file's jobs share one folder, where a finished job is skipped and an interrupted one resumed: so
+    one launch takes one study.scale (each scale has its folder), and a job found there must have been trained
+    with the config this launch asks of it, or its results would be reported as this config's."""
+    from blocklab import study_folder
+    from blocklab.overrides import job_dirname, override_key
+    from blocklab.results import CHECKPOINT
+    from blocklab.train.resume import config_differences
+
+    scales = sorted({(config.get("study") or {}).get("scale", 1) for config in configs})
+    if len(scales) > 1:
+        name = configs[0]["study"]["name"]
+        raise ConfigError(f"study.scale takes one value per launch of a sweep file ({', '.join(map(str, scales))} "
+                          f"asked): each scale writes its own folder (outputs/sweeps/{study_folder(name, scales[-1])}); "
+                          "launch the sweep once per scale")
+    stale = []
+    for job, config in zip(jobs, configs):
+        run_dir = folder / job_dirname(job, naming)
+        saved = run_dir / ".hydra" / "config.yaml"
+        reused = previous_status(run_dir) in FINAL_STATUSES or (run_dir / CHECKPOINT).exists()
+        if reused and saved.exists():
+            diffs = config_differences(OmegaConf.to_container(OmegaConf.load(saved)), config,
+                                       frozenset(override_key(o) for o in job))
+            if diffs:
+                stale.append((run_dir, diffs))
+    if stale:
+        run_dir, diffs = stale[0]
+        more = f" (and {len(stale) - 1} more jobs)" if len(stale) > 1 else ""
+        raise ConfigError(f"{run_dir} was trained with another config than this launch asks of it ({'; '.join(diffs)})"
+                          f"{more}, and would be reused as if it were not; give the study another folder "
+                          f"(study.name=NEW_NAME) or move {folder} away")
