@@ -66,3 +66,23 @@ def test_speeds_of_runs_trained_beside_other_jobs_carry_a_caveat_with_the_fix(tm
     beside = section("speed", {"compare": ["n_heads"], "metrics": ["tokens_per_s"]}, rows, tmp_path)
     assert "Speeds (tokens/s, ms per step, decoding tokens/s) of 2 of 4 runs were measured while other jobs ran " \
            "beside them" in beside and "hydra.launcher.n_jobs=1" in beside
+
+
+def test_runs_that_differ_in_a_key_the_study_does_not_compare_are_not_pooled_as_seeds(tmp_path):
+    """Relaunching a study with an extra sweep (model.n_layers=2,4) puts both depths in its folder: each depth
+    is a setting of its own in the tables, findings and plots, and the page says why."""
+    from blocklab.report.build import pooled
+
+    rows = [{**run("copy", h, s, 1.0 / layers + 0.01 * s), "model.n_layers": layers,
+             "overrides": {"model.n_heads": str(h), "seed": str(s), "model.n_layers": str(layers)}}
+            for h in (1, 2) for layers in (2, 4) for s in (0, 1, 2)]
+    assert pooled(rows, ["n_heads"]) == ["model.n_layers"]
+    assert pooled(rows, ["n_heads", "model.n_layers"]) == []
+    assert pooled([r for r in rows if r["model.n_layers"] == 4], ["n_heads"]) == []  # one depth: nothing pooled
+    spec = {"compare": ["n_heads"], "plots": [{"kind": "bar", "metric": "final_val_loss", "by": "n_heads"}]}
+    page = section("extra", spec, rows, tmp_path)
+    assert "Runs of one n_heads differ in model.n_layers, which the study does not compare" in page
+    assert "3 seeds per setting (4 settings" in page  # not 6 seeds of 2 settings
+    assert "best mean n_heads=1, n_layers=4 0.260 [0.250, 0.270] over 3 seeds" in page  # the 4-layer runs alone
+    alone = section("one_depth", spec, [r for r in rows if r["model.n_layers"] == 2], tmp_path)
+    assert "Also varied" not in alone and "3 seeds per setting (2 settings" in alone

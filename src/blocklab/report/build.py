@@ -377,6 +377,19 @@ def _swept(rows: list[dict]) -> dict[str, list]:
     return varied
 
 
+def pooled(done: list[dict], compare: list[str]) -> list[str]:
+    """Swept keys (seed aside) whose value differs between runs of one setting of `compare`: runs the study's
+    comparison would pool as if they were seeds of one config (a relaunch with `model.n_layers=3,4` into the
+    study's folder, say). The report treats each of their values as a setting of its own."""
+    settings = group(done, compare)
+    return [key for key in _swept(done) if key != "seed" and key not in compare
+            and any(len({str(r.get("overrides", {}).get(key)) for r in members}) > 1 for members in settings.values())]
+
+
+def _with_keys(by, extra: list[str]) -> list[str]:
+    return [*_keys(by), *(k for k in extra if k not in _keys(by))]
+
+
 def _number(text: str):
     try:
         return float(text)
@@ -438,6 +451,8 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
     failed = [r for r in rows if r["status"] == "failed"]
     invalid = [r for r in rows if r["status"] == "invalid"]
     compare = spec.get("compare", [])
+    extra = pooled(done, compare)
+    compare = [*compare, *extra]
     length_table = length_gen.table_spec(spec.get("length_table"))  # a bad spec fails before anything is drawn
     metrics = metrics_spec(spec.get("metrics"), done)
     threshold = (length_table or length_gen.DEFAULTS)["threshold"]
@@ -448,11 +463,18 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
     parts.append(f"<p><b>Setup.</b> {len(rows)} runs ({len(done)} finished, {len(failed)} failed, "
                  f"{len(invalid)} invalid configurations not run); task "
                  f"{', '.join(task)}; swept: {html.escape(swept) or '–'}.</p>")
+    if extra:
+        parts.append(f"<p><b>Also varied.</b> Runs of one {html.escape(', '.join(spec.get('compare', [])) or 'setting')} "
+                     f"differ in {html.escape(', '.join(extra))}, which the study does not compare: each value is a "
+                     "setting of its own below, in the tables and the plots, not pooled as seeds.</p>")
     if done:
         parts.append(budget(done, compare))
         figures, notes = [], []
         for i, spec_plot in enumerate(spec.get("plots", [])):
             path = out / f"{name}_{i}_{spec_plot['metric']}.png"
+            if extra:
+                spec_plot = {**spec_plot, "by": [k for k in _with_keys(spec_plot.get("by", []), extra)
+                                                  if k != spec_plot.get("x")]}
             notes.append(plot(done, spec_plot, path))
             data = base64.b64encode(path.read_bytes()).decode()
             figures.append(f"<figure><img alt='{html.escape(path.stem)}' src='data:image/png;base64,{data}'>"
@@ -486,7 +508,7 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
                          "whose results.json predates train_loss_curve and costs.forward_flops_per_token, or a task "
                          "without exact match).</p>")
         if length_table:
-            keys = length_table.get("by", compare)  # by: [] is one row of all runs
+            keys = _with_keys(length_table["by"], extra) if "by" in length_table else compare  # by: [] is one row
             parts.append(length_gen.section_html(group(done, keys), keys, length_table))
         for prefix, subset, keys in _per_task(done, compare):
             reach = length_gen.reach_html(group(subset, keys), keys, threshold=threshold)
