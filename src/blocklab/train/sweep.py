@@ -243,6 +243,8 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
     """`jobs`: each job's overrides but Hydra's own, `configs` its config. A sweep file's jobs share one folder, where a finished job is skipped and an interrupted one resumed: so
     one launch takes one study.scale (each scale has its folder), and a job found there must have been trained
     with the config this launch asks of it, or its results would be reported as this config's."""
+    import yaml
+
     from blocklab import study_folder
     from blocklab.overrides import job_dirname, override_key
     from blocklab.results import CHECKPOINT
@@ -260,7 +262,8 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
         saved = run_dir / ".hydra" / "config.yaml"
         reused = previous_status(run_dir) in FINAL_STATUSES or (run_dir / CHECKPOINT).exists()
         if reused and saved.exists():
-            diffs = config_differences(OmegaConf.to_container(OmegaConf.load(saved)), config,
+            saved_config = yaml.load(saved.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            diffs = config_differences(saved_config, config,
                                        frozenset(override_key(o) for o in job))
             if diffs:
                 stale.append((run_dir, diffs))
