@@ -187,6 +187,21 @@ def test_a_launch_that_would_reuse_a_job_trained_otherwise_or_mix_scales_is_refu
         check_sweep_jobs([*job, "study.scale=2"])
 
 
+def test_the_sweep_check_composes_each_jobs_config_as_hydra_would(tmp_path):
+    """Jobs that differ only in seed share one composition in the pre-launch check: each job's config must still
+    equal its own composition, a value that interpolates the seed included."""
+    from blocklab.overrides import sweep_jobs
+    from blocklab.train.sweep import job_configs
+
+    jobs = sweep_jobs(["sweep=pe_copy", "seed=0,1,2", "+task.stream_seed=${seed}"])
+    assert len(jobs) > 3 and len({tuple(j) for j in jobs}) == len(jobs)
+    expected = [OmegaConf.to_container(compose_config(job), resolve=True) for job in jobs]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        shared = job_configs(jobs, lambda settings: compose("config", [*settings, "run_dir=unused"]))
+    assert shared == expected
+    assert {c["task"]["stream_seed"] for c in shared} == {0, 1, 2} == {c["seed"] for c in shared}
+
+
 def launcher(overrides: list[str]) -> dict:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return OmegaConf.to_container(compose(config_name="config", overrides=overrides,

@@ -3,6 +3,7 @@ and invalid jobs are skipped, a failed one is tried again with the record of its
 one is recorded without stopping the sweep; plus the DDP re-launch of one job, its W&B grouping, what jobs side
 by side (joblib, the default launcher) cannot do and how they stop on Ctrl-C (JobsInterrupt), and the sweep-end
 step (SweepEnd)."""
+import copy
 import os
 import signal
 import sys
@@ -217,18 +218,15 @@ def check_sweep_jobs(overrides: list[str]) -> int:
 
     jobs = sweep_jobs(overrides)
     problems: dict[str, list[str]] = {}
-    configs, job_settings = [], []
+    job_settings = [[o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))] for job in jobs]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         first = compose("config", [*jobs[0], "run_dir=unused"], return_hydra_config=True)
         launcher = OmegaConf.to_container(first.hydra.launcher)
-        for job in jobs:
-            settings = [o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-            config = OmegaConf.to_container(compose("config", [*settings, "run_dir=unused"]), resolve=True)
-            configs.append(config)
-            job_settings.append(settings)
-            errors = config_errors(config) or list(filter(None, [side_by_side_error(config, launcher)]))
-            if errors:
-                problems[",".join(o for o in job if names_the_job(o))] = errors
+        configs = job_configs(job_settings, lambda settings: compose("config", [*settings, "run_dir=unused"]))
+    for job, config in zip(jobs, configs):
+        errors = config_errors(config) or list(filter(None, [side_by_side_error(config, launcher)]))
+        if errors:
+            problems[",".join(o for o in job if names_the_job(o))] = errors
     if len(problems) == len(jobs):
         raise ConfigError("\n".join(dict.fromkeys(line for lines in problems.values() for line in lines)))
     if first.get("study"):
@@ -237,6 +235,26 @@ def check_sweep_jobs(overrides: list[str]) -> int:
         print(f"warning: job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}",
               file=sys.stderr)
     return len(jobs)
+
+
+def job_configs(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> list[dict]:
+    """Each job's resolved config, `compose`d from its overrides. Jobs that differ only in a plain `seed=N`
+    share one composition (Hydra's compose is most of a sweep's check), with the seed set before resolving."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    composed, configs = {}, []
+    for job in jobs:
+        seeds = [o for o in job if o.startswith("seed=")]
+        rest = tuple(o for o in job if o not in seeds)
+        if len(seeds) != 1:
+            configs.append(OmegaConf.to_container(compose(job), resolve=True))
+            continue
+        if rest not in composed:
+            composed[rest] = compose(list(rest))
+        config = copy.deepcopy(composed[rest])  # the shared composition stays as composed
+        config.seed = OverridesParser.create().parse_override(seeds[0]).value()
+        configs.append(OmegaConf.to_container(config, resolve=True))
+    return configs
 
 
 def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path, naming: DictConfig) -> None:
