@@ -94,6 +94,9 @@ def test_sweep_expands_to_valid_jobs(name, tmp_path):
         prepare(cfg)  # raises ConfigError on an invalid combination
     scaled = compose_config([f"sweep={name}", "study.scale=4"], tmp_path / "scaled")
     assert scaled.trainer.max_steps == 4 * compose_config([f"sweep={name}"], tmp_path / "base").trainer.max_steps
+    bigger = [line for line in header if "study.scale=4" in line]  # where the header says the 4x study goes
+    for line in bigger:
+        assert f"writes {sweep_dirs([f'sweep={name}', 'study.scale=4'])[0]})" in line, line
 
 
 @pytest.mark.parametrize("name", ["pe_copy", "pe_addition", "pe_lm"])
