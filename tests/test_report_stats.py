@@ -15,7 +15,7 @@ from PIL import Image
 
 from blocklab.errors import ConfigError
 from blocklab.report import stats
-from blocklab.report.build import build_report, findings, metrics_spec, section
+from blocklab.report.build import budget, build_report, findings, metrics_spec, section
 from blocklab.report.collect import METRICS, collect, early_loss, study_specs
 from blocklab.schema import schema_errors
 from conftest import CONF, FAST, compose_config, run_in_process
@@ -246,6 +246,19 @@ def test_the_budget_is_read_from_the_runs(tmp_path):
     page = section("fmt", STUDY, fabricate(tmp_path / "fmt"), tmp_path)
     assert ("<b>Budget.</b> 100 training steps per run; 3 seeds per setting (2 settings; seeds 0, 1, 2); one value "
             "for every setting, not tuned per setting: optim.lr=0.001, optim.warmup_steps=10, model.d_model=64.") in page
+
+
+def test_a_run_is_short_only_of_its_own_planned_steps():
+    """With trainer.max_steps swept, 500-step runs beside 1500-step runs finished; one that stopped at 300 of its
+    500 (diverged) did not."""
+    runs = [{"seed": s, "method": "a", "trainer.max_steps": planned, "steps": planned}
+            for s in (0, 1) for planned in (500, 1500)]
+    compare = ["method", "trainer.max_steps"]  # as the report compares them (pooled: the swept key split out)
+    assert "500/1500 training steps per run; 2 seeds per setting (2 settings; seeds 0, 1)" in budget(runs, compare)
+    assert "stopped early" not in budget(runs, compare)
+    runs.append({"seed": 2, "method": "a", "trainer.max_steps": 500, "steps": 300})
+    assert "(1 of 5 runs stopped early, at 300 steps or more)" in budget(runs, compare)
+    assert "(1 setting;" in budget(runs[:2], ["method"])
 
 
 def test_seeds_reaching_the_threshold_at_each_length(tmp_path):

@@ -413,7 +413,9 @@ def _words(values: list) -> str:
 def budget(done: list[dict], compare: list[str]) -> str:
     """Steps, seeds and what no setting had tuned for it, read from the runs."""
     planned = sorted({r["trainer.max_steps"] for r in done if r.get("trainer.max_steps") is not None})
-    short = [r for r in done if r.get("steps") is not None and planned and r["steps"] < max(planned)]
+    # Short of its own planned steps: with max_steps swept, a 500-step run beside 1500-step runs is not short.
+    short = [r for r in done if r.get("steps") is not None and r.get("trainer.max_steps") is not None
+             and r["steps"] < r["trainer.max_steps"]]
     steps = f"{'/'.join(map(str, planned))} training steps per run" if planned else "training steps not recorded"
     if short:
         steps += f" ({len(short)} of {len(done)} runs stopped early, at {min(r['steps'] for r in short)} steps or more)"
@@ -422,7 +424,7 @@ def budget(done: list[dict], compare: list[str]) -> str:
     seeds = sorted({r.get("seed") for r in done if r.get("seed") is not None}, key=_order)
     per = (f"{min(counts)} seed{'s' if min(counts) > 1 else ''}" if len(counts) == 1 else
            f"{min(counts)} to {max(counts)} seeds")
-    seeds_text = f"{per} per setting ({len(settings)} settings{'; seeds ' + _words(seeds) if seeds else ''})"
+    seeds_text = f"{per} per setting ({len(settings)} setting{'s' if len(settings) > 1 else ''}{'; seeds ' + _words(seeds) if seeds else ''})"
     swept = set(_swept(done)) | set(compare)
     fixed = []
     for knob in FIXED:
