@@ -68,6 +68,20 @@ def test_speeds_of_runs_trained_beside_other_jobs_carry_a_caveat_with_the_fix(tm
            "beside them" in beside and "hydra.launcher.n_jobs=1" in beside
 
 
+def test_runs_from_two_machines_are_said_to_be_so(tmp_path):
+    """A sweep resumed on another CPU holds runs whose kernels rounded differently: the report counts them per
+    machine. Runs from before results.json recorded it are not guessed at."""
+    rows = [run("copy", h, s, 0.1 * h + 0.01 * s) for h in (1, 2) for s in (0, 1)]
+    spec = {"compare": ["n_heads"], "metrics": ["exact_match_out"]}
+    rows[0]["machine"] = "AMD EPYC, AVX2 kernels, torch 2.13.0+cpu"
+    assert "machines" not in section("m", spec, rows, tmp_path)  # one recorded, three unknown: nothing to say
+    for r in rows[1:]:
+        r["machine"] = "AMD EPYC, AVX512 kernels, torch 2.13.0+cpu"
+    page = section("m", spec, rows, tmp_path)
+    assert ("These runs come from 2 machines (AMD EPYC, AVX512 kernels, torch 2.13.0+cpu: 3 runs; AMD EPYC, AVX2 "
+            "kernels, torch 2.13.0+cpu: 1 run).") in page
+
+
 def test_runs_that_differ_in_a_key_the_study_does_not_compare_are_not_pooled_as_seeds(tmp_path):
     """Relaunching a study with an extra sweep (model.n_layers=2,4) puts both depths in its folder: each depth
     is a setting of its own in the tables, findings and plots, and the page says why."""

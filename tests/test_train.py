@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from blocklab.hardware import cpu_model
 from blocklab.train.callbacks import DivergenceGuard
 from blocklab.results import read_results
 from conftest import FAST, run_cli, run_in_process
@@ -32,6 +34,9 @@ def check_schema(results: dict) -> None:
         assert min(by_place) <= row["token_acc"] <= max(by_place)  # token_acc is a weighted mean of the places
     assert any(r["in_distribution"] for r in results["eval"]) and any(not r["in_distribution"] for r in results["eval"])
     assert results["beside_other_jobs"] is False  # a single run: its speed is its own (sweeps: test_scale_out)
+    # Where the numbers came from: the CPU, the kernel level torch picked for it, and torch's version.
+    assert results["machine"] == (f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, "
+                                  f"torch {torch.__version__}")
 
 
 ISSUE_COMBINATIONS = [

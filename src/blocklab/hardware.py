@@ -57,6 +57,15 @@ def describe() -> dict:
             "threads": torch.get_num_threads()}
 
 
+def machine_label(device: torch.device | None = None) -> str:
+    """Where a run's numbers come from, as results.json records it: the GPU, or the CPU with the kernel level torch
+    picked for it, and torch's version. Kernels differ in round-off, and beyond the training lengths a seed's
+    score can move with that, so runs from two machines are not the same experiment."""
+    if device is not None and device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, torch {torch.__version__}"
+    return f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
+
+
 def precision_warning(accelerator: str | None, precision: str) -> str | None:
     """One line when bf16-mixed is asked for on a CPU that converts bfloat16 in software, with the measured cost."""
     if precision != "bf16-mixed" or accelerator not in (None, "cpu", "auto") or torch.cuda.is_available() \

@@ -338,6 +338,18 @@ def speed_caveat(rows: list[dict]) -> str | None:
             "setting. For a speed comparison, rerun with hydra.launcher.n_jobs=1 (one job at a time, every core).")
 
 
+def machine_caveat(rows: list[dict]) -> str | None:
+    """Runs from more than one machine (a sweep resumed elsewhere, folders merged): their kernels round
+    differently, so a seed need not end as it would have on the other machine, and their speeds do not compare."""
+    counts = Counter(r["machine"] for r in rows if r.get("machine"))  # runs from before it was recorded: unknown
+    if len(counts) < 2:
+        return None
+    listed = "; ".join(f"{label}: {n} run{'s' if n > 1 else ''}" for label, n in counts.most_common())
+    return (f"These runs come from {len(counts)} machines ({listed}). Different kernels round differently, and "
+            "a seed's score beyond the training lengths can move with that: a seed rerun on another machine need not "
+            "end where it did here, and speeds do not compare across machines.")
+
+
 def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     """Draw one canonical plot; returns a sentence of what it shows, computed from the data."""
     kind, metric, by = spec["kind"], spec["metric"], _keys(spec.get("by", []))
@@ -492,8 +504,7 @@ def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
                 shown += [Finding(prefix + f.text, f.details) for f in findings(subset, keys, metric)]
             shown += [Finding(prefix + n) for n in length_gen.degenerate_notes(subset, threshold=threshold)]
         shown += [Finding(n) for n in dict.fromkeys(notes) if n]
-        if caveat := speed_caveat(done):
-            shown.append(Finding(caveat))
+        shown += [Finding(caveat) for caveat in (speed_caveat(done), machine_caveat(done)) if caveat]
         if any(r["diverged"] for r in done):
             shown.append(Finding(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged."))
         parts.append("<p><b>What the numbers show.</b> P(best better): the fraction of (seed, seed) pairs in which "

@@ -93,7 +93,7 @@ def load_run(run_dir: Path) -> dict:
         "flops_per_token": (results.get("costs") or {}).get("forward_flops_per_token"),
         "early_loss": early_loss(results.get("train_loss_curve"), row.get("trainer.max_steps") or results["steps"]),
         "ms_per_step": results.get("ms_per_step"), "diverged": float(results["status"] == "diverged"),
-        "beside_other_jobs": results.get("beside_other_jobs"),
+        "beside_other_jobs": results.get("beside_other_jobs"), "machine": results.get("machine"),
         "steps_to_target_loss": results.get("steps_to_target_loss"),
         "exact_match_in": _mean([r["exact_match"] for r in inside]),
         "exact_match_out": _mean([r["exact_match"] for r in beyond]),

@@ -3,6 +3,7 @@ import time
 
 import torch
 
+from blocklab.hardware import machine_label
 from blocklab.model import ModelConfig
 from blocklab.model.generate import generate
 from blocklab.results import in_distribution_exact_match, learned_in_distribution
@@ -63,6 +64,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "ms_per_step": 1000 * lit.step_time_s / max(1, steps),
         "threads": torch.get_num_threads(),  # the times above depend on it (trainer.threads, the launcher)
         "beside_other_jobs": beside_other_jobs(),  # then they depend on the jobs that ran beside it too
+        "machine": machine_label(next(lit.model.parameters()).device),
         "final_train_loss": lit.last_train_loss,
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": diverged_at_step,
