@@ -11,7 +11,7 @@ from blocklab.bench.suites import BENCHMARKS
 FIELDS = {
     "step": {"matmul_peak_gflops", "matmul_peak_gflops_bf16", "tokens_per_step"},
     "overhead": {"overhead", "pairs"},
-    "startup": {"first_step_s", "multirun_per_job_s"},
+    "startup": {"first_step_s", "multirun_per_job_s", "debug_run_s"},
     "attention": set(),
     "decode": {"new_tokens"},
     "activations": set(),
@@ -37,7 +37,15 @@ def test_benchmark_runs_at_tiny_size_and_writes_json(name, tmp_path):
     assert result["rows"] and all(ROW_FIELDS[name] <= set(row) for row in result["rows"])
     assert result["targets"]
     if name == "startup":  # every launch was measured (a job the probe cannot see would leave NaN)
-        assert all(math.isfinite(row["s"]) and row["s"] > 0 for row in result["rows"])
+        assert all(math.isfinite(row["s"]) and row["s"] >= 0 for row in result["rows"])  # W&B's finish: ~5 ms
+        # The debug run's phases follow one another: they add up to its wall time, and W&B's init and finish lie
+        # inside the phases they belong to.
+        s = {row["measure"].strip(): row["s"] for row in result["rows"]}
+        phases = {k.split(". ", 1)[0]: v for k, v in s.items() if k[:1].isdigit()}
+        assert sorted(phases) == ["1", "2", "3", "4"] and all(v > 0 for v in phases.values())
+        assert sum(phases.values()) == pytest.approx(s["debug run, default logger (W&B offline): start to exit"],
+                                                     abs=0.03)
+        assert s["in it: wandb.init"] <= phases["1"] and s["in it: W&B run finish"] <= phases["4"]
     for verdict in result["targets"].values():
         assert {"value", "target", "met", "off_by"} <= set(verdict)
         assert verdict["met"] == (verdict["off_by"] == 0.0)

@@ -196,7 +196,32 @@ def hook(opt, args, kwargs):
     seen[id(opt)] = now
     print(f"BENCH step {now}", flush=True)
 register_optimizer_step_post_hook(hook)
+if "BENCH_WANDB" in __import__("os").environ:  # time W&B's own init and finish (the bench's harness, not BlockLab)
+    import wandb
+    from wandb.sdk.wandb_run import Run
+    def timed(name, fn):
+        @__import__("functools").wraps(fn)  # BlockLab checks logger options against wandb.init's signature
+        def wrapper(*args, **kwargs):
+            start = time.time()
+            out = fn(*args, **kwargs)
+            print(f"BENCH {name} {start} {time.time()}", flush=True)
+            return out
+        return wrapper
+    wandb.init, Run.finish = timed("wandb_init", wandb.init), timed("wandb_finish", Run.finish)
 runpy.run_module("blocklab.train", run_name="__main__", alter_sys=True)
+"""
+
+# Each library's import on its own, in a fresh process, in the order a run imports them.
+_IMPORTS = """
+import time
+marks = [time.time()]
+import torch
+marks.append(time.time())
+import lightning
+marks.append(time.time())
+import wandb
+marks.append(time.time())
+print(*[b - a for a, b in zip(marks, marks[1:])])
 """
 
 
@@ -216,6 +241,10 @@ def startup(size: str = "full") -> dict:
         multi = _probe_run(["-m", f"hydra.sweep.dir={tmp}/multi", "hydra.launcher.n_jobs=1", f"seed={seeds}", *common],
                            tmp)
         written = sorted(p.stat().st_mtime - multi["start"] for p in Path(tmp, "multi").glob("*/results.json"))
+        debug = _probe_run([f"hydra.run.dir={tmp}/debug", "trainer=debug",
+                            *([f"trainer.max_steps={steps}", "task.eval_examples=16"] if size == "tiny" else [])],
+                           tmp, wandb=True)
+        written_at = Path(tmp, "debug", "results.json").stat().st_mtime - debug["start"]
     first = single["first"][0]
     following = range(1, len(multi["first"]))
     gap = _mean([multi["first"][i] - multi["last_before"][i] for i in following])
@@ -224,32 +253,60 @@ def startup(size: str = "full") -> dict:
             {"measure": "process total", "s": round(single["total"], 2)},
             {"measure": "multirun: last step to next job's first (incl. evaluation)", "s": round(gap, 2)},
             {"measure": "multirun per-job overhead: results written to next job's first step", "s": round(per_job, 2)}]
+    rows += _debug_breakdown(debug, written_at)
     return {"rows": rows, "first_step_s": round(first, 3), "multirun_gap_s": round(gap, 3),
-            "multirun_per_job_s": round(per_job, 3),
-            "targets": {"start_to_first_step_s": verdict(first, 5.0), "multirun_per_job_s": verdict(per_job, 1.0)}}
+            "multirun_per_job_s": round(per_job, 3), "debug_run_s": round(debug["total"], 3),
+            "targets": {"start_to_first_step_s": verdict(first, 5.0), "multirun_per_job_s": verdict(per_job, 1.0),
+                        "debug_run_s": verdict(debug["total"], 7.0)}}
+
+
+def _debug_breakdown(debug: dict, written_at: float) -> list[dict]:
+    """Where `python train.py trainer=debug` (default logger: W&B offline; default diagnostics) spends its wall
+    time, phase by phase, and what the imports inside its first phase cost in a process of their own."""
+    imports = subprocess.run([sys.executable, "-c", _IMPORTS], capture_output=True, text=True, check=True)
+    torch_s, lightning_s, wandb_s = map(float, imports.stdout.split())
+    init_s, finish_s = (sum(end - begin for begin, end in debug[name]) for name in ("wandb_init", "wandb_finish"))
+    first, last = debug["first"][0], debug["last_before_end"]
+    phases = [("debug run, default logger (W&B offline): start to exit", debug["total"]),
+              ("  1. start to first step", first),
+              ("     in it: importing torch (alone, in a fresh process)", torch_s),
+              ("     in it: importing lightning beyond torch (alone)", lightning_s),
+              ("     in it: importing wandb (alone)", wandb_s),
+              ("     in it: wandb.init", init_s),
+              ("  2. first to last training step", last - first),
+              ("  3. last step to results.json (diagnostics at the end, evaluation, decoding and memory costs)",
+               written_at - last),
+              ("  4. results.json to exit (W&B table, summary and finish; the printed summary; teardown)",
+               debug["total"] - written_at),
+              ("     in it: W&B run finish", finish_s)]
+    return [{"measure": name, "s": round(value, 3)} for name, value in phases]
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _probe_run(args: list[str], cwd: str) -> dict:
+def _probe_run(args: list[str], cwd: str, wandb: bool = False) -> dict:
     start = time.time()
-    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=cwd,
-                          capture_output=True, text=True, env={**os.environ, "WANDB_SILENT": "true"})
+    env = {**os.environ, "WANDB_SILENT": "true", **({"BENCH_WANDB": "1"} if wandb else {})}
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=cwd, capture_output=True, text=True, env=env)
     total = time.time() - start
     if proc.returncode != 0:
         raise RuntimeError(f"python -m blocklab.train failed:\n{proc.stderr[-2000:]}")
     first, last_before, previous = [], [], start
+    spans = {"wandb_init": [], "wandb_finish": []}
     for line in proc.stdout.splitlines():
         if line.startswith("BENCH "):
-            kind, stamp = line.split()[1], float(line.split()[2])
-            if kind == "first_step":
-                first.append(stamp - start)
+            kind, *stamps = line.split()[1:]
+            if kind in spans:
+                spans[kind].append(tuple(float(s) - start for s in stamps))
+            elif kind == "first_step":
+                first.append(float(stamps[0]) - start)
                 last_before.append(previous - start)
             else:
-                previous = stamp
-    return {"first": first, "last_before": last_before, "total": total, "start": start}
+                previous = float(stamps[0])
+    return {"first": first, "last_before": last_before, "last_before_end": previous - start, "total": total,
+            "start": start, **spans}
 
 
 # -------------------------------------------------------------------------------------- decode
