@@ -1,5 +1,5 @@
 """Train one configured model: `python train.py norm=pre_ln pos=rope` (same as `python -m blocklab.train`)."""
-from blocklab.cli import main
+from blocklab.cli import run_and_exit
 
 if __name__ == "__main__":
-    main()
+    run_and_exit()

@@ -139,6 +139,30 @@ def test_wandb_offline_run_holds_config_and_metrics(tmp_path):
     text = json.dumps(summary)
     for key in ('"norm": "pre_ln"', '"pos": "rope"', '"n_heads": 4', "train/loss", "val/loss", "train/grad_norm"):
         assert key in text, key
+    # The run ends by skipping the interpreter's teardown (cli.run_and_exit): W&B's run is finished all the same,
+    # with the results it was given last.
+    assert summary["state"] == "finished" and summary["exit_code"] == 0
+    assert '"status": "completed"' in text and '"final_val_loss"' in text
+
+
+def test_a_single_run_that_skips_the_interpreters_teardown_loses_nothing(tmp_path):
+    """TensorBoard's results, written after training and closed at the very end, are all on disk, and the
+    printed summary ends stdout (its warning: 20 steps do not learn copy)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "tb"
+    proc = run_cli(["trainer=debug", "logger=tensorboard", "task.eval_examples=16", f"hydra.run.dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("warning: in-distribution exact match")
+    assert "status: completed" in proc.stdout.rstrip().splitlines()[-2]
+    results = read_results(run_dir)
+    tags = {}
+    for folder in {p.parent for p in run_dir.rglob("events.out.tfevents.*")}:
+        events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        events.Reload()
+        tags.update({tag: events.Scalars(tag)[-1] for tag in events.Tags()["scalars"]})
+    final = tags["results/final_val_loss"]
+    assert final.step == results["steps"] and math.isclose(final.value, results["final_val_loss"], rel_tol=1e-6)
 
 
 def test_wandb_online_without_network_falls_back_to_offline(run_dir, monkeypatch, capsys):

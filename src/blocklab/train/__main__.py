@@ -1,5 +1,5 @@
 """`python -m blocklab.train [overrides]`: train one configured model (or a sweep, with -m)."""
-from blocklab.cli import main
+from blocklab.cli import run_and_exit
 
 if __name__ == "__main__":
-    main()
+    run_and_exit()
