@@ -70,8 +70,7 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, Tensor]:
     width = batch["input"].shape[1]
     for name in examples[0].streams:
         # padding's ids are never read (padding is masked), so 0 will do
-        rows = [e.streams[name][:len(e.prompt) + len(e.answer) - 1] for e in examples]
-        batch[name] = torch.tensor([row + [0] * (width - len(row)) for row in rows], dtype=torch.long)
+        batch[name] = _padded([e.streams[name][:len(e.prompt) + len(e.answer) - 1] for e in examples], width, 0)
     return batch
 
 
@@ -79,7 +78,7 @@ def collate_seq2seq(examples: list[Example], pad_id: int, bos_id: int) -> dict[s
     """Encoder-decoder: the prompt is the source; the decoder reads `BOS answer` shifted by one."""
     batch = _shifted([[bos_id] + e.answer for e in examples], [0] * len(examples), pad_id)
     width = max(len(e.prompt) for e in examples)
-    batch["source"] = torch.tensor([e.prompt + [pad_id] * (width - len(e.prompt)) for e in examples], dtype=torch.long)
+    batch["source"] = _padded([e.prompt for e in examples], width, pad_id)
     batch["source_valid"] = torch.arange(width) < torch.tensor([len(e.prompt) for e in examples])[:, None]
     return batch
 
@@ -89,12 +88,15 @@ def _shifted(sequences: list[list[int]], first_scored: list[int], pad_id: int) -
     Padded as lists and converted once: a tensor write per row made collation a visible share of a
     small model's training step."""
     width = max(len(seq) for seq in sequences) - 1
-    inputs = [seq[:-1] + [pad_id] * (width + 1 - len(seq)) for seq in sequences]
-    targets = [[IGNORE] * start + seq[start + 1:] + [IGNORE] * (width + 1 - len(seq))
-               for seq, start in zip(sequences, first_scored)]
+    targets = [[IGNORE] * start + seq[start + 1:] for seq, start in zip(sequences, first_scored)]
     lengths = torch.tensor([len(seq) - 1 for seq in sequences])
-    return {"input": torch.tensor(inputs, dtype=torch.long), "target": torch.tensor(targets, dtype=torch.long),
-            "valid": torch.arange(width) < lengths[:, None]}
+    return {"input": _padded([seq[:-1] for seq in sequences], width, pad_id),
+            "target": _padded(targets, width, IGNORE), "valid": torch.arange(width) < lengths[:, None]}
+
+
+def _padded(rows: list[list[int]], width: int, fill: int) -> Tensor:
+    """Rows right-padded with `fill` to `width`, as one long tensor."""
+    return torch.tensor([row + [fill] * (width - len(row)) for row in rows], dtype=torch.long)
 
 
 def model_inputs(batch: dict) -> dict:
