@@ -50,14 +50,12 @@ def run_and_exit() -> None:
     if is_multirun(sys.argv[1:]) or "torch" not in sys.modules or sys.gettrace() or sys.getprofile():
         return
     import atexit
-    import logging
     import threading
 
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()
-    logging.shutdown()
+    atexit._run_exitfuncs()  # logging's shutdown among them: it registers itself on import
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

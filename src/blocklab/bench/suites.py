@@ -186,7 +186,7 @@ class _Cycle(torch.utils.data.IterableDataset):
 # optimizer hook that prints a timestamp at each job's first (and last) optimizer step. Nothing in
 # BlockLab is patched.
 _PROBE = """
-import runpy, sys, time
+import functools, os, runpy, sys, time
 from torch.optim.optimizer import register_optimizer_step_post_hook
 seen = {}
 def hook(opt, args, kwargs):
@@ -196,11 +196,11 @@ def hook(opt, args, kwargs):
     seen[id(opt)] = now
     print(f"BENCH step {now}", flush=True)
 register_optimizer_step_post_hook(hook)
-if "BENCH_WANDB" in __import__("os").environ:  # time W&B's own init and finish (the bench's harness, not BlockLab)
+if "BENCH_WANDB" in os.environ:  # time W&B's own init and finish (the bench's harness, not BlockLab)
     import wandb
     from wandb.sdk.wandb_run import Run
     def timed(name, fn):
-        @__import__("functools").wraps(fn)  # BlockLab checks logger options against wandb.init's signature
+        @functools.wraps(fn)  # BlockLab checks logger options against wandb.init's signature
         def wrapper(*args, **kwargs):
             start = time.time()
             out = fn(*args, **kwargs)
@@ -266,7 +266,7 @@ def _debug_breakdown(debug: dict, written_at: float) -> list[dict]:
     imports = subprocess.run([sys.executable, "-c", _IMPORTS], capture_output=True, text=True, check=True)
     torch_s, lightning_s, wandb_s = map(float, imports.stdout.split())
     init_s, finish_s = (sum(end - begin for begin, end in debug[name]) for name in ("wandb_init", "wandb_finish"))
-    first, last = debug["first"][0], debug["last_before_end"]
+    first, last = debug["first"][0], debug["last_step"]
     phases = [("debug run, default logger (W&B offline): start to exit", debug["total"]),
               ("  1. start to first step", first),
               ("     in it: importing torch (alone, in a fresh process)", torch_s),
@@ -305,7 +305,7 @@ def _probe_run(args: list[str], cwd: str, wandb: bool = False) -> dict:
                 last_before.append(previous - start)
             else:
                 previous = float(stamps[0])
-    return {"first": first, "last_before": last_before, "last_before_end": previous - start, "total": total,
+    return {"first": first, "last_before": last_before, "last_step": previous - start, "total": total,
             "start": start, **spans}
 
 
