@@ -245,6 +245,13 @@ def test_attention_figure_is_a_layers_by_heads_grid_with_one_colour_scale(copy_t
         assert torch.equal(torch.as_tensor(ax.images[0].get_array()), w)
     assert {ax.get_xlabel() for ax in maps[-2:]} == {"key position"}
     assert {ax.get_ylabel() for ax in maps[::2]} == {"query position"}
+    # Positions are token indices: integer ticks from the first to the last, on the outer panels only.
+    last = weights[0].shape[-1] - 1
+    ticks = [0, round(last / 3), round(2 * last / 3), last]
+    for i, ax in enumerate(maps):
+        bottom_row, left_column = i >= len(maps) - 2, i % 2 == 0
+        assert list(ax.get_xticks()) == (ticks if bottom_row else [])
+        assert list(ax.get_yticks()) == (ticks if left_column else [])
     assert clipped_texts(fig) == []
 
 
