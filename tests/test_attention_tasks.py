@@ -2,6 +2,7 @@
 claim, checked from their definitions and against the patterns' real support; and the cost measurements that the
 attention_kinds sweep reports (train/costs.py)."""
 import random
+import time
 
 import pytest
 import torch
@@ -200,3 +201,22 @@ def test_costs_are_recorded_for_decoders_and_left_null_where_they_do_not_apply(t
     model, task = model_for(tmp_path, "attn=linformer")
     out = costs(model, task)
     assert out["step_peak_bytes"] > 0 and out["decode_tokens_per_s"] is None and out["decode_state_bytes"] is None
+
+
+def test_decode_speed_is_set_by_neither_the_first_call_nor_one_slow_decode(tmp_path, monkeypatch):
+    from blocklab.train import outcome
+
+    model, task = model_for(tmp_path)
+    model.eval()
+    slow_s, calls, real_generate = 0.5, [], outcome.generate
+
+    def generate(*args, **kwargs):  # the first call and one later one stall, as a machine's hiccup would
+        calls.append(len(calls))
+        if len(calls) in (1, 3):
+            time.sleep(slow_s)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(outcome, "generate", generate)
+    out = outcome.decode_stats(model, task, new_tokens=16, batch=2, rounds=3)
+    assert len(calls) == 4  # one untimed, three timed
+    assert 2 * 16 / out["tokens_per_s"] < slow_s  # the median decode is one that did not stall
