@@ -16,6 +16,7 @@ FIELDS = {
     "decode": {"new_tokens"},
     "activations": set(),
     "pack": {"seeds"},
+    "malloc": set(),
 }
 ROW_FIELDS = {
     "step": {"axis", "variant", "ms", "tokens_per_s", "gflop_per_step", "peak_fraction", "vs_nope"},
@@ -25,6 +26,7 @@ ROW_FIELDS = {
     "decode": {"attn", "mode", "ms", "tokens_per_s", "kv_cache_bytes"},
     "activations": {"act", "ms", "vs_fastest"},
     "pack": {"seeds", "ms_per_step", "ms_per_seed_step", "vs_one_seed"},
+    "malloc": {"threads", "malloc", "ms_per_step", "faults_per_step", "vs_default"},
 }
 
 

@@ -1,4 +1,4 @@
-"""`python -m blocklab.bench [step overhead startup attention decode activations] [--quick] [--out PATH]`:
+"""`python -m blocklab.bench [step overhead startup attention decode activations pack malloc] [--quick] [--out PATH]`:
 runs the named benchmarks (all by default), prints a table per benchmark (or the tables it asks for),
 its notes and targets, and writes everything to one JSON file (default outputs/bench/bench-<time>.json,
 and each benchmark's latest result to outputs/bench/<name>.json, where the report looks for it)."""
@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", dest="size", action="store_const", const="tiny", help="the same as --size tiny")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
+    hardware.keep_freed_memory()  # as every run does: in-process step figures are a run's
     names = args.names or list(BENCHMARKS)
     console = Console(**console_kwargs())
     machine = hardware.describe()

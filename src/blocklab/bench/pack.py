@@ -11,7 +11,16 @@ SEEDS = 3
 TARGET = 1.5  # the issue's: a 3-seed pack in at most 1.5x the time of one seed alone
 
 
-def _configs(seeds: int, overrides: list[str], where: Path) -> list:
+def default_copy(size: str) -> list[str]:
+    """The default copy model's training steps, without what a run does around them (loggers, diagnostics,
+    checkpoints); tiny: a smaller model for a smoke test."""
+    overrides = ["logger=none", "diagnostics=none", "trainer.max_steps=1000000", "checkpoint_every=1000000"]
+    if size == "tiny":
+        overrides += ["model.d_model=32", "model.n_layers=1", "task.batch_size=8", "task.max_len=8"]
+    return overrides
+
+
+def configs(seeds: int, overrides: list[str], where: Path) -> list:
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -36,10 +45,8 @@ def pack(size: str = "full") -> dict:
 
     from blocklab.train.pack import pack_of
 
-    overrides = ["logger=none", "diagnostics=none", "trainer.max_steps=1000000", "checkpoint_every=1000000"]
+    overrides = default_copy(size)
     rounds, iters, warmup = (8, 10, 3) if size == "full" else (1, 1, 1)
-    if size == "tiny":
-        overrides += ["model.d_model=32", "model.n_layers=1", "task.batch_size=8", "task.max_len=8"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         batch = compose(config_name="config", overrides=[*overrides, "run_dir=unused"]).task.batch_size
     variants = {(1, batch): overrides, (SEEDS, batch): overrides,
@@ -47,7 +54,7 @@ def pack(size: str = "full") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         packs = {}
         for (seeds, rows), settings in variants.items():
-            packs[seeds, rows] = pack_of(_configs(seeds, settings, Path(tmp) / f"pack{seeds}-{rows}"))
+            packs[seeds, rows] = pack_of(configs(seeds, settings, Path(tmp) / f"pack{seeds}-{rows}"))
             if isinstance(packs[seeds, rows], str):
                 raise RuntimeError(f"the default model cannot be packed: {packs[seeds, rows]}")
             packs[seeds, rows].open()

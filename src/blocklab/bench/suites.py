@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from blocklab.bench.attention import attention
+from blocklab.bench.malloc import malloc
 from blocklab.bench.pack import pack
 from blocklab.bench.common import (PlainLoop, attn_presets, baby, baby_choice, baby_config, baby_optim, batches,
                                    interleaved, matmul_peak_gflops, nanogpt_step, train_flops, verdict)
@@ -364,7 +365,7 @@ def activations(size: str = "full") -> dict:
 
 
 BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
-              "activations": activations, "pack": pack}
+              "activations": activations, "pack": pack, "malloc": malloc}
 
 
 def to_json(results: dict) -> str:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from blocklab.experiment import Setup
 from blocklab.errors import ConfigError
-from blocklab.hardware import accelerator_error, precision_warning, use_threads
+from blocklab.hardware import accelerator_error, keep_freed_memory, precision_warning, use_threads
 from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
 from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, LastCheckpoint, StepProgressBar
 from blocklab.train.checks import check_run_dir
@@ -64,6 +64,7 @@ def run(cfg: DictConfig) -> float | None:
     """Train and evaluate one configuration. Inside a sweep, finished jobs are skipped and a failing
     job is recorded as failed without stopping the sweep; a single run fails loudly. With study.pack_seeds, a
     sweep job trains the seeds of its group together (train/pack_jobs.py)."""
+    keep_freed_memory()  # in this process: a sweep's workers run each job here too
     return run_as_sweep_job(cfg, packed_or_alone(train_and_evaluate))
 
 
