@@ -51,33 +51,14 @@ def test_a_bf16_run_on_an_emulating_cpu_prints_the_warning_once_and_trains(cpuin
     assert (tmp_path / "run" / "results.json").exists()
 
 
-# Three 8 MiB tensors made and freed, round after round, as a training step's activations are: the minor page
-# faults a round, from the third round on.
-_FREED_AND_MADE_AGAIN = """
-import resource, sys, torch
-if sys.argv[1] == "kept":
-    from blocklab.hardware import keep_freed_memory
-    assert keep_freed_memory()
-faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for round in range(12):
-    if round == 2:
-        start = faults()
-    blocks = [torch.ones(2 * 1024 * 1024) for _ in range(3)]
-    del blocks
-print((faults() - start) / 10)
-"""
-
-
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's; elsewhere nothing is set")
-def test_kept_freed_memory_is_made_again_without_page_faults():
-    def faults_a_round(variant: str) -> float:
-        out = subprocess.run([sys.executable, "-c", _FREED_AND_MADE_AGAIN, variant], capture_output=True, text=True,
-                             check=True)
-        return float(out.stdout.split()[-1])
+def test_kept_freed_memory_spares_each_training_step_its_page_faults():
+    """The default copy model's steps after 30 of warm-up, each variant in a process of its own: glibc's default
+    hands part of a step's freed activations back to the kernel, and the next step faults them in again."""
+    from blocklab.bench.malloc import train_steps
 
-    # By default glibc hands part of the 24 MiB back to the kernel each round (4 MiB = 1,024 pages here).
-    assert faults_a_round("default") >= 256
-    assert faults_a_round("kept") <= 8
+    faults = {variant: train_steps(variant, "full", 1, 30, 1, 10)["faults_per_step"] for variant in ("default", "kept")}
+    assert faults["default"] >= 100 and faults["kept"] <= 10, faults
 
 
 def test_without_glibc_malloc_is_left_alone(monkeypatch):

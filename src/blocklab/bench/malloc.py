@@ -39,6 +39,14 @@ print(json.dumps({"ms": min(ms), "faults_per_step": faults}))
 """
 
 
+def train_steps(variant: str, size: str, threads: int, warmup: int, chunks: int, steps: int) -> dict:
+    """In a process of its own: `warmup` untimed steps, then `chunks` chunks of `steps`; ms a step of the best chunk,
+    and minor page faults a step over all chunks."""
+    args = [variant, size, str(threads), str(warmup), str(chunks), str(steps)]
+    out = subprocess.run([sys.executable, "-c", _STEPS, *args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def malloc(size: str = "full") -> dict:
     """Per variant and thread count: the median over processes of each process's best chunk of steps."""
     pairs, warmup, chunks, steps = (3, 30, 5, 30) if size == "full" else (1, 2, 1, 2)
@@ -49,9 +57,7 @@ def malloc(size: str = "full") -> dict:
         runs = {variant: [] for variant in VARIANTS}
         for _ in range(pairs):
             for variant in VARIANTS:
-                args = [variant, size, str(n), str(warmup), str(chunks), str(steps)]
-                out = subprocess.run([sys.executable, "-c", _STEPS, *args], capture_output=True, text=True, check=True)
-                runs[variant].append(json.loads(out.stdout.splitlines()[-1]))
+                runs[variant].append(train_steps(variant, size, n, warmup, chunks, steps))
         ms = {v: statistics.median(r["ms"] for r in runs[v]) for v in VARIANTS}
         for variant in VARIANTS:
             rows.append({"threads": n, "malloc": variant, "ms_per_step": round(ms[variant], 2),
