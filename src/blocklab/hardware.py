@@ -60,11 +60,11 @@ TRIM_THRESHOLD = 1024 * 1024 * 1024
 @lru_cache(maxsize=1)
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep the memory a training step frees, for the next step to reuse. By default glibc
-    hands large blocks straight to the kernel (mmap, and trimming the heap's top), so every step page-faults its
-    activations back in, zero-filled: ~1,900 minor faults a step for the default copy model, several ms of a
-    ~20 ms step (`python -m blocklab.bench malloc`). Blocks up to 32 MiB now come from the heap, and up to 1 GiB of
-    free heap stays mapped. A process's peak memory is unchanged; it just does not shrink back after the peak.
-    False where there is no glibc (macOS, musl): nothing changes there."""
+    hands large blocks straight back to the kernel (mmap, and trimming the heap's top), so a step can page-fault
+    its activations back in, zero-filled (`python -m blocklab.bench malloc` counts the faults and times the step).
+    Blocks up to 32 MiB now come from the heap, and up to 1 GiB of free heap stays mapped. A process's peak memory
+    is unchanged; it just does not shrink back after the peak. False where there is no glibc (macOS, musl): nothing
+    changes there."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
