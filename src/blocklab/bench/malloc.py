@@ -10,6 +10,7 @@ import sys
 import torch
 
 from blocklab.bench.common import verdict
+from blocklab.hardware import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD
 
 VARIANTS = ("default", "kept")
 
@@ -24,17 +25,18 @@ if variant == "kept":
 torch.set_num_threads(threads)
 from blocklab.bench.pack import configs, default_copy
 from blocklab.train.pack import pack_of
-pack = pack_of(configs(1, default_copy(size), Path(tempfile.mkdtemp())))
-pack.open()
-for step in range(warmup):
-    pack.train_step(step)
-faults, ms = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
-for chunk in range(chunks):
-    start = time.perf_counter()
-    for step in range(warmup + chunk * steps, warmup + (chunk + 1) * steps):
+with tempfile.TemporaryDirectory() as tmp:  # the run directory a pack writes its config to
+    pack = pack_of(configs(1, default_copy(size), Path(tmp)))
+    pack.open()
+    for step in range(warmup):
         pack.train_step(step)
-    ms.append(1000 * (time.perf_counter() - start) / steps)
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (chunks * steps)
+    faults, ms = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
+    for chunk in range(chunks):
+        start = time.perf_counter()
+        for step in range(warmup + chunk * steps, warmup + (chunk + 1) * steps):
+            pack.train_step(step)
+        ms.append(1000 * (time.perf_counter() - start) / steps)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (chunks * steps)
 print(json.dumps({"ms": min(ms), "faults_per_step": faults}))
 """
 
@@ -65,6 +67,6 @@ def malloc(size: str = "full") -> dict:
                          "vs_default": round(ms[variant] / ms["default"], 3)})
         targets[f"kept_vs_default_{n}_threads"] = verdict(ms["kept"] / ms["default"], 1.0)
     notes = [f"{pairs} processes a variant and thread count, alternated; each trains {warmup} untimed steps, then "
-             f"{chunks} chunks of {steps} and keeps its best chunk. Kept: blocks up to 32 MiB from the heap and up to "
-             "1 GiB of freed heap kept mapped (mallopt)."]
+             f"{chunks} chunks of {steps} and keeps its best chunk. Kept: blocks up to {MMAP_THRESHOLD_MAX >> 20} MiB from "
+             f"the heap and up to {TRIM_THRESHOLD >> 20} MiB of freed heap kept mapped (mallopt)."]
     return {"rows": rows, "notes": notes, "targets": targets}
