@@ -9,6 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from blocklab.errors import ConfigError
+from blocklab.startup import uncollected_imports
 
 # The config groups, wherever the package is installed (for Hydra's compose API: analyze, bench, tests).
 CONF_DIR = Path(__file__).resolve().parent / "conf"
@@ -20,11 +21,12 @@ def main() -> None:
     Hydra creates a run directory. HYDRA_FULL_ERROR=1 shows Hydra's own message instead."""
     from blocklab.overrides import command_line_error, is_multirun
 
-    if os.environ.get("HYDRA_FULL_ERROR") != "1":
-        _exit_on(command_line_error(sys.argv[1:]))
-        _check_single_run(sys.argv[1:])
-    if is_multirun(sys.argv[1:]):
-        _check_every_job(sys.argv[1:])
+    with uncollected_imports("torch"):  # the checks import torch
+        if os.environ.get("HYDRA_FULL_ERROR") != "1":
+            _exit_on(command_line_error(sys.argv[1:]))
+            _check_single_run(sys.argv[1:])
+        if is_multirun(sys.argv[1:]):
+            _check_every_job(sys.argv[1:])
     from blocklab.train.sweep import INTERRUPTED
 
     try:
@@ -98,7 +100,9 @@ def _check_every_job(argv: list[str]) -> None:
 def train(cfg: DictConfig) -> float | None:
     # Heavy imports (torch, Lightning) only after Hydra parsed the command line: `--help`, `--cfg` and
     # config errors stay fast, and start-up counts (`python -m blocklab.bench startup` measures it).
-    from blocklab.train.run import run
+    # A sweep's worker process imports them here, in its first job.
+    with uncollected_imports("lightning"):
+        from blocklab.train.run import run
 
     try:
         return run(cfg)
