@@ -188,7 +188,9 @@ class _Cycle(torch.utils.data.IterableDataset):
 # BlockLab is patched.
 _PROBE = """
 import functools, os, runpy, sys, time
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from blocklab.startup import uncollected_imports
+with uncollected_imports("torch"):  # as the run imports torch (in its checks), which finds it imported
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 seen = {}
 def hook(opt, args, kwargs):
     now = time.time()
@@ -212,9 +214,12 @@ if "BENCH_WANDB" in os.environ:  # time W&B's own init and finish (the bench's h
 runpy.run_module("blocklab.train", run_name="__main__", alter_sys=True)
 """
 
-# Each library's import on its own, in a fresh process, in the order a run imports them.
+# Each library's import on its own, in a fresh process, in the order a run imports them; with Python's cyclic
+# garbage collector on (argument "on") or off, as a run imports them (blocklab.startup).
 _IMPORTS = """
-import time
+import gc, sys, time
+if sys.argv[1] == "off":
+    gc.disable()
 marks = [time.time()]
 import torch
 marks.append(time.time())
@@ -264,15 +269,21 @@ def startup(size: str = "full") -> dict:
 def _debug_breakdown(debug: dict, written_at: float) -> list[dict]:
     """Where `python train.py trainer=debug` (default logger: W&B offline; default diagnostics) spends its wall
     time, phase by phase, and what the imports inside its first phase cost in a process of their own."""
-    imports = subprocess.run([sys.executable, "-c", _IMPORTS], capture_output=True, text=True, check=True)
-    torch_s, lightning_s, wandb_s = map(float, imports.stdout.split())
+    def imports(collector: str) -> list[float]:
+        out = subprocess.run([sys.executable, "-c", _IMPORTS, collector], capture_output=True, text=True, check=True)
+        return [float(s) for s in out.stdout.split()]
+
+    torch_s, lightning_s, wandb_s = imports("off")
+    collected_s = sum(imports("on"))
     init_s, finish_s = (sum(end - begin for begin, end in debug[name]) for name in ("wandb_init", "wandb_finish"))
     first, last = debug["first"][0], debug["last_step"]
     phases = [("debug run, default logger (W&B offline): start to exit", debug["total"]),
               ("  1. start to first step", first),
-              ("     in it: importing torch (alone, in a fresh process)", torch_s),
+              ("     in it: importing torch (alone, in a fresh process, the cyclic collector off as in a run)",
+               torch_s),
               ("     in it: importing lightning beyond torch (alone)", lightning_s),
               ("     in it: importing wandb (alone)", wandb_s),
+              ("     (the three imports with the collector on, as runs imported them before)", collected_s),
               ("     in it: wandb.init", init_s),
               ("  2. first to last training step", last - first),
               ("  3. last step to results.json (diagnostics at the end, evaluation, decoding and memory costs)",
