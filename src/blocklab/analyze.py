@@ -16,19 +16,17 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from blocklab.analysis.plots import history_figure, layer_figure, save
-from blocklab.analysis.probe import measure
-from blocklab.cli import CONF_DIR  # the packaged config groups
 from blocklab.errors import ConfigError
-from blocklab.experiment import Setup
-from blocklab.train.diagnostics import write_measurement
+from blocklab.results import unfinished_run_error
+from blocklab.startup import uncollected_imports
 
 
 def analyze_init(overrides: list[str], out: Path) -> list[Path]:
+    import torch
     from hydra import compose, initialize_config_dir
 
+    from blocklab.cli import CONF_DIR  # the packaged config groups
+    from blocklab.experiment import Setup
     from blocklab.model import build_model
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -40,6 +38,9 @@ def analyze_init(overrides: list[str], out: Path) -> list[Path]:
 
 
 def analyze_run(run_dir: Path) -> list[Path]:
+    from blocklab.analysis.plots import history_figure, save
+    from blocklab.experiment import Setup
+
     setup = Setup.from_run_dir(run_dir, with_task=True)
     paths = _write(setup.trained_model(), setup, run_dir, "trained", {"run_dir": str(run_dir)})
     history = run_dir / "diagnostics" / "history.json"
@@ -47,8 +48,12 @@ def analyze_run(run_dir: Path) -> list[Path]:
     return paths + ([save(fig, history.with_suffix(".png"))] if fig is not None else [])
 
 
-def _write(model, setup: Setup, out: Path, tag: str, about: dict) -> list[Path]:
+def _write(model, setup, out: Path, tag: str, about: dict) -> list[Path]:
     """analysis.json, the attention figure and the per-layer figure."""
+    from blocklab.analysis.plots import layer_figure, save
+    from blocklab.analysis.probe import measure
+    from blocklab.train.diagnostics import write_measurement
+
     diag = setup.groups["diagnostics"]
     probe = setup.task.probe_batch(diag.get("probe_examples", 16))
     stats = measure(model, probe, diag.get("sparsity_eps", 1e-3), keep_weights=True)
@@ -66,20 +71,29 @@ def main(argv=None) -> None:
     parser.add_argument("--init", action="store_true", help="analyse a freshly initialised model")
     parser.add_argument("--out", type=Path, default=None, help="output directory for --init")
     args = parser.parse_args(argv)
+    if not args.init:
+        if len(args.target) != 1:
+            parser.error("give one RUN_DIR, or --init with config overrides")
+        _exit_on(unfinished_run_error(Path(args.target[0])))  # before torch and Lightning are imported
     try:
+        with uncollected_imports("blocklab.train.diagnostics"):
+            import blocklab.experiment, blocklab.train.diagnostics  # noqa: F401,E401  torch, Lightning, matplotlib
         if args.init:
             out = args.out or Path("outputs/analyze") / time.strftime("%Y-%m-%d_%H-%M-%S")
             paths = analyze_init(args.target, out)
         else:
-            if len(args.target) != 1:
-                parser.error("give one RUN_DIR, or --init with config overrides")
             paths = analyze_run(Path(args.target[0]))
     except ConfigError as err:
-        for line in str(err).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _exit_on(str(err))
     for path in paths:
         print(f"wrote {path}")
+
+
+def _exit_on(error: str | None) -> None:
+    if error is not None:
+        for line in error.splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

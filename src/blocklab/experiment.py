@@ -14,12 +14,10 @@ from tokenizers import Tokenizer
 from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.transformer import ARCHITECTURES
-from blocklab.results import CHECKPOINT, MODEL_FILE, TOKENIZER_FILE
+from blocklab.results import CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, unfinished_run_error
 from blocklab.schema import schema_errors
 from blocklab.tasks import Task, build_task, task_errors
 from blocklab.tasks.placement import Placement
-
-SAVED_CONFIG = Path(".hydra") / "config.yaml"
 
 
 def is_seq2seq(arch: str) -> bool:
@@ -95,10 +93,9 @@ class Setup:
     def from_run_dir(cls, run_dir: Path, with_task: bool = False) -> "Setup":
         """A finished run, from the files it saved: the model config it trained and its config. The task
         is rebuilt only when asked, since a language-modelling task reads its whole corpus."""
-        missing = [name for name in (MODEL_FILE, TOKENIZER_FILE, CHECKPOINT, SAVED_CONFIG)
-                   if not (run_dir / name).exists()]
-        if missing:
-            raise ConfigError(f"{run_dir} is not a finished BlockLab run (missing {', '.join(map(str, missing))})")
+        error = unfinished_run_error(run_dir)
+        if error:
+            raise ConfigError(error)
         groups = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
         model_cfg = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text()))
         task = build_task(groups["task"], groups["seed"], is_seq2seq(groups["model"]["arch"]),

@@ -16,9 +16,18 @@ from blocklab.overrides import names_the_job
 # What every run directory holds besides results.json: enough to rebuild and use the model.
 RESULTS_FILE, MODEL_FILE, TOKENIZER_FILE = "results.json", "model.json", "tokenizer.json"
 CHECKPOINT = Path("checkpoints") / "last.ckpt"
+SAVED_CONFIG = Path(".hydra") / "config.yaml"
 STATUSES = ("completed", "diverged", "failed")
 METRICS = ("exact_match", "token_acc", "loss", "perplexity", "bits_per_char",  # shown when a task reports them
            "next_sentence_acc")
+
+
+def unfinished_run_error(run_dir: Path) -> str | None:
+    """Why `run_dir` is not a finished run that a model can be rebuilt from (generate, analyze), or None. It reads
+    no file, so a tool can say it before importing torch."""
+    missing = [str(name) for name in (MODEL_FILE, TOKENIZER_FILE, CHECKPOINT, SAVED_CONFIG)
+               if not (run_dir / name).exists()]
+    return f"{run_dir} is not a finished BlockLab run (missing {', '.join(missing)})" if missing else None
 
 
 def swept_overrides(overrides: list[str]) -> list[str]:

@@ -4,8 +4,8 @@ import sys
 from pathlib import Path
 
 from blocklab.errors import ConfigError
-from blocklab.report.build import build_report
 from blocklab.report.collect import collect, study_specs
+from blocklab.startup import uncollected_imports
 
 
 def main(argv=None) -> None:
@@ -23,6 +23,8 @@ def main(argv=None) -> None:
     missing = [str(f) for f in args.bench if not f.is_file()]
     if missing:
         sys.exit(f"error: --bench {', '.join(missing)}: no such file; write one with python -m blocklab.bench --out FILE")
+    with uncollected_imports("blocklab.report.build"):  # torch, scipy, matplotlib: only once the input is good
+        from blocklab.report.build import build_report
     try:
         path = build_report(args.sweep_dir, rows, study_specs(args.sweep_dir, rows), args.bench)
     except ConfigError as err:  # a study block the report cannot read (checked before any file is written)

@@ -27,10 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from blocklab.experiment import SAVED_CONFIG, Setup
+from blocklab.experiment import Setup
 from blocklab.hardware import use_threads
-from blocklab.results import (CHECKPOINT, RESULTS_FILE, console_kwargs, flatten, previous_status, print_summary,
-                              write_results)
+from blocklab.results import (CHECKPOINT, RESULTS_FILE, SAVED_CONFIG, console_kwargs, flatten, previous_status,
+                              print_summary, write_results)
 from blocklab.tasks.base import IGNORE
 from blocklab.train.checks import check_run_dir
 from blocklab.train.diagnostics import Diagnostics
