@@ -81,15 +81,14 @@ def test_good_sweeps_pass_the_check(args):
 @pytest.mark.parametrize("tool, args, expected", [
     ("blocklab.analyze", ["no_such_run"], "error: no_such_run is not a finished BlockLab run (missing model.json, "
                                           "tokenizer.json, checkpoints/last.ckpt, .hydra/config.yaml)"),
-    ("blocklab.report", ["no_such_sweep"], "error: no_such_sweep is not a directory"),
+    ("blocklab.report.__main__", ["no_such_sweep"], "error: no_such_sweep is not a directory"),
 ], ids=["analyze", "report"])
 def test_a_tool_refuses_a_missing_directory_before_torch(tool, args, expected, tmp_path):
-    code = (f"import sys\nfrom {tool}.__main__ import main\n" if tool == "blocklab.report" else
-            f"import sys\nfrom {tool} import main\n")
-    code += (f"try:\n    main({args!r})\nexcept SystemExit as exit:\n"
-             "    if isinstance(exit.code, str):  # sys.exit(message): what the interpreter would print, exit 1\n"
-             "        print(exit.code, file=sys.stderr)\n"
-             "    print('torch' in sys.modules)")
+    code = (f"import sys\nfrom {tool} import main\n"
+            f"try:\n    main({args!r})\nexcept SystemExit as exit:\n"
+            "    if isinstance(exit.code, str):  # sys.exit(message): what the interpreter would print, exit 1\n"
+            "        print(exit.code, file=sys.stderr)\n"
+            "    print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["False"], proc.stdout + proc.stderr
     assert proc.stderr.strip().startswith(expected), proc.stderr

@@ -12,11 +12,10 @@ the same measurements as training's diagnostics, and prints each path:
 TAG is init or trained."""
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-from blocklab.errors import ConfigError
+from blocklab.errors import ConfigError, exit_on
 from blocklab.results import unfinished_run_error
 from blocklab.startup import uncollected_imports
 
@@ -74,7 +73,7 @@ def main(argv=None) -> None:
     if not args.init:
         if len(args.target) != 1:
             parser.error("give one RUN_DIR, or --init with config overrides")
-        _exit_on(unfinished_run_error(Path(args.target[0])))  # before torch and Lightning are imported
+        exit_on(unfinished_run_error(Path(args.target[0])))  # before torch and Lightning are imported
     try:
         with uncollected_imports("blocklab.train.diagnostics"):
             import blocklab.experiment, blocklab.train.diagnostics  # noqa: F401,E401  torch, Lightning, matplotlib
@@ -84,17 +83,9 @@ def main(argv=None) -> None:
         else:
             paths = analyze_run(Path(args.target[0]))
     except ConfigError as err:
-        _exit_on(str(err))
+        exit_on(str(err))
     for path in paths:
         print(f"wrote {path}")
-
-
-def _exit_on(error: str | None) -> None:
-    if error is not None:
-        for line in error.splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        raise SystemExit(2)
-
 
 if __name__ == "__main__":
     main()

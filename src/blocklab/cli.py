@@ -8,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from blocklab.errors import ConfigError
+from blocklab.errors import ConfigError, exit_on
 from blocklab.startup import uncollected_imports
 
 # The config groups, wherever the package is installed (for Hydra's compose API: analyze, bench, tests).
@@ -23,7 +23,7 @@ def main() -> None:
 
     with uncollected_imports("torch"):  # the checks import torch
         if os.environ.get("HYDRA_FULL_ERROR") != "1":
-            _exit_on(command_line_error(sys.argv[1:]))
+            exit_on(command_line_error(sys.argv[1:]))
             _check_single_run(sys.argv[1:])
         if is_multirun(sys.argv[1:]):
             _check_every_job(sys.argv[1:])
@@ -72,14 +72,7 @@ def _check_single_run(argv: list[str]) -> None:
     if config is not None:
         from blocklab.experiment import config_errors
 
-        _exit_on("\n".join(config_errors(config)) or None)
-
-
-def _exit_on(error: str | None) -> None:
-    if error is not None:
-        for line in error.splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        raise SystemExit(2)
+        exit_on("\n".join(config_errors(config)) or None)
 
 
 def _check_every_job(argv: list[str]) -> None:
