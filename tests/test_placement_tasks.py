@@ -132,6 +132,37 @@ def test_copy_couples_input_character_i_with_output_character_i(hints):
         assert ids[len(roles) - 1] == 0  # EOS
 
 
+# --- what each answer token is read from (evaluation's read_attention) -------------------------------
+
+@pytest.mark.parametrize("reverse, pad", [*FORMATS, (False, False)])
+@pytest.mark.parametrize("hints", [False, True])
+def test_a_sum_digit_is_read_from_the_operand_digits_of_its_significance(reverse, pad, hints):
+    task = addition(reverse, pad, hints)
+    for _, e in examples(task):
+        roles, keys = addition_roles(task, e), task.read_keys(e)
+        prompt_roles, answer_roles = roles[:len(e.prompt)], roles[len(e.prompt):]
+        assert len(keys) == len(e.answer)  # one entry per place, the EOS last
+        for place, (role, sig) in enumerate(answer_roles):
+            expected = [k for k, r in enumerate(prompt_roles) if role != "eos" and r == (role, sig)]
+            assert keys[place] == expected, (task.decode(e.prompt + e.answer), place)
+            if role == "digit" and expected:  # the digit is the keys' digits plus a carry of 0 or 1, mod 10
+                total = sum(int(task.tokens[e.prompt[k]]) for k in expected)
+                assert (int(task.tokens[e.answer[place]]) - total) % 10 in (0, 1)
+            if role == "hint" and expected:  # hints of one significance are one symbol
+                assert {e.prompt[k] for k in expected} == {e.answer[place]}
+        assert any(len(k) == 2 for k in keys) and keys[-1] == []
+
+
+@pytest.mark.parametrize("hints", [False, True])
+def test_a_copied_token_is_read_from_the_same_place_in_the_prompt(hints):
+    task = copy(hints)
+    for _, e in examples(task):
+        keys = task.read_keys(e)
+        assert keys[-1] == [] and len(keys) == len(e.answer)
+        assert [e.prompt[k] for ks in keys[:-1] for k in ks] == e.answer[:-1]  # each place reads the token it writes
+        assert copy_roles(task, e)[:len(e.prompt) - 1] == copy_roles(task, e)[len(e.prompt):-1]
+
+
 # --- Abacus digit indices (McLeish et al. 2024) ------------------------------------------------------
 
 @pytest.mark.parametrize("reverse, pad", FORMATS)

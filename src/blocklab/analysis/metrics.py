@@ -46,6 +46,12 @@ def attention_distance(weights: Tensor, rows: Tensor | None = None) -> Tensor:
     return _row_mean((weights * offset).sum(-1), rows)
 
 
+def attention_on(weights: Tensor, reads: Tensor) -> Tensor:
+    """Each head's attention on the keys its queries must read, summed over those keys and averaged over the
+    queries that must read any: (H,). weights (B, H, Tq, Tk); reads (B, Tq, Tk) bool: query q must read key k."""
+    return _row_mean((weights * reads[:, None].to(weights.dtype)).sum(-1), reads.any(-1))
+
+
 def _row_mean(per_row: Tensor, rows: Tensor | None) -> Tensor:
     """(B, H, Tq) -> (H,): the mean over examples and query rows, or over the rows marked in rows (B, Tq)."""
     if rows is None:

@@ -26,7 +26,9 @@ digits) give; without either the sum's length, hence its first digit's significa
 A hint shares its digit's coupled id (it marks that significance, and the model writes the digit when it
 reads the hint) and has digit_index 0 (Abacus indexes the digits themselves; the hint's symbol already
 names the significance)."""
+import itertools
 import random
+from collections import defaultdict
 
 from blocklab.tasks.base import Example, SequenceTask, hint_errors, hint_names, hinted
 from blocklab.tasks.interface import TASKS
@@ -97,6 +99,26 @@ class AdditionTask(SequenceTask):
     def max_answer_len(self, length):
         return self._per_digit() * (length + 1) + 1
 
+    def _significances(self, tokens: list[int], ones_first: bool) -> list[int]:
+        """Each token's significance in a number written ones digit first or last: a digit's (0 for the ones),
+        a hint that of the digit after it."""
+        is_digit = [token in self.digit_ids for token in tokens]
+        if ones_first:
+            return list(itertools.accumulate(is_digit, initial=0))[:-1]  # digits before each token
+        return [n - 1 for n in list(itertools.accumulate(reversed(is_digit)))[::-1]]  # digits from it to the end
+
+    def read_keys(self, example):
+        # A digit of the sum is read from the operands' digits of its significance (a hint from their hints);
+        # the carry comes from lower places. The sum's leading carry digit reads no operand digit.
+        plus = example.prompt.index(self.ids["+"])
+        keys = defaultdict(list)
+        for start, operand in ((0, example.prompt[:plus]), (plus + 1, example.prompt[plus + 1:-1])):
+            for k, (sig, token) in enumerate(zip(self._significances(operand, ones_first=False), operand)):
+                keys[sig, token in self.digit_ids].append(start + k)
+        total = example.answer[:-1]
+        return [keys.get((sig, token in self.digit_ids), [])
+                for sig, token in zip(self._significances(total, ones_first=self.reverse_answer), total)] + [[]]
+
     def streams(self, prompt, length):
         """Each token's significance (None for '+', '=', EOS) and kind, then the ids and indices above."""
         plus = prompt.index(self.ids["+"])
@@ -104,13 +126,8 @@ class AdditionTask(SequenceTask):
         m = max(sum(t in self.digit_ids for t in operand) for operand in operands)
         significance, digit = [], []
         for operand in operands:
-            left = sum(t in self.digit_ids for t in operand)  # digits from this token to the operand's end
-            for token in operand:
-                significance.append(left - 1)  # a hint takes the significance of the digit after it
-                digit.append(token in self.digit_ids)
-                left -= token in self.digit_ids
-            significance.append(None)  # '+', then '='
-            digit.append(False)
+            significance += [*self._significances(operand, ones_first=False), None]  # then '+' or '='
+            digit += [*(token in self.digit_ids for token in operand), False]
         order = range(m + 1) if self.reverse_answer else range(m, -1, -1)  # the longest sum's digits, as written
         for sig in order:
             if self.hint_ids:

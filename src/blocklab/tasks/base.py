@@ -11,6 +11,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
+from blocklab.analysis.metrics import attention_on
 from blocklab.model.generate import generate
 from blocklab.tasks.interface import Task
 from blocklab.tasks.placement import STREAMS, Placement
@@ -183,6 +184,14 @@ class SequenceTask(Task):
         """The example with each digit or character preceded by hints[its index] (a task with index hints says)."""
         raise NotImplementedError(f"task={self.name} has no index hints")
 
+    def read_keys(self, example: Example) -> list[list[int]] | None:
+        """Per place in the answer (its end-of-answer token last), the prompt positions that answer token is
+        read from: the tokens a head has to find to write it ([] where no prompt token says, as for the end).
+        None: the task does not say. Evaluation reports how much attention the model gives them
+        (`read_attention`), which shows whether a model that fails beyond its training lengths still finds
+        what it must copy or add."""
+        return None
+
     def scored(self, tokens: list[int]) -> list[int]:
         """What exact match compares of an answer, applied alike to the generated row and the true answer:
         the tokens themselves, less any index hints. Hints are scaffolding the task adds to the format;
@@ -290,7 +299,46 @@ class SequenceTask(Task):
                 for length in self.eval_lengths for part in _chunks(self.eval_set(length), batch_size)]
 
     def evaluate(self, model) -> list[dict]:
-        return [self.evaluate_length(model, length) for length in self.eval_lengths]
+        rows = [self.evaluate_length(model, length) for length in self.eval_lengths]
+        reading = self.read_attention(model)
+        if reading:
+            # The reading head is the one that reads best at the longest trained length; every length reports
+            # that head, so a drop beyond training is the same head losing its keys, not another head's score.
+            trained = reading[max((r["length"] for r in rows if r["in_distribution"]), default=min(reading))]
+            layer, head = divmod(int(trained.argmax()), trained.shape[1])
+            for row in rows:
+                row["read_attention"], row["read_head"] = float(reading[row["length"]][layer, head]), [layer, head]
+        return rows
+
+    @torch.no_grad()
+    def read_attention(self, model, examples: int = 64) -> dict[int, Tensor]:
+        """Per evaluated length, (layers, heads): each head's attention on the keys the answer is read from
+        (`read_keys`), summed over them and averaged over the answer's places that have any, on the first
+        `examples` of the length's eval set (teacher-forced). {} where the task does not say, or for an
+        encoder-decoder (its reading is cross-attention)."""
+        if self.seq2seq or self.read_keys(self.eval_set(self.max_len)[0]) is None:
+            return {}
+        was_training = model.training
+        model.eval()
+        reading = {}
+        for length in self.eval_lengths:
+            part = self.eval_set(length)[:examples]
+            batch = self.collate(part)
+            _, weights = model(batch["input"], need_weights=True, **model_inputs(batch))
+            reads = self.read_map(part, batch["input"].shape[1])
+            reading[length] = torch.stack([attention_on(w.double(), reads) for w in weights])
+        model.train(was_training)
+        return reading
+
+    def read_map(self, examples: list[Example], width: int) -> Tensor:
+        """(B, width, width) bool for decoder-only batches: input position q must read position k. The query
+        that predicts answer place p is the token before it, at len(prompt) - 1 + p."""
+        reads = torch.zeros(len(examples), width, width, dtype=torch.bool)
+        for row, example in enumerate(examples):
+            first = len(example.prompt) - 1
+            for place, keys in enumerate(self.read_keys(example)):
+                reads[row, first + place, keys] = True
+        return reads
 
     @torch.no_grad()
     def evaluate_length(self, model, length: int, batch_size: int = 256) -> dict:

@@ -46,6 +46,10 @@ class CopyTask(SequenceTask):
         ids = [self.ids[ch] for ch in rng.choices(self.alphabet, k=length)]
         return Example(prompt=ids + [self.ids[SEP]], answer=ids + [self.eos_id])
 
+    def read_keys(self, example):
+        # The answer repeats the prompt before SEP token for token (hints included): place p reads prompt[p].
+        return [[place] for place in range(len(example.prompt) - 1)] + [[]]
+
     @staticmethod
     def hints_for(length: int) -> int:
         return length
