@@ -4,7 +4,6 @@ significance one id; Abacus digit indices (McLeish et al. 2024) count each numbe
 index hints (Zhou et al. 2024) mark each digit with its index and are not scored. Then: offsets in training
 only, cached decoding with the streams, one-line errors, and short end-to-end runs."""
 import json
-import random
 
 import pytest
 import torch
