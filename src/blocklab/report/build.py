@@ -350,11 +350,16 @@ def machine_caveat(rows: list[dict]) -> str | None:
             "end where it did here, and speeds do not compare across machines.")
 
 
+# tab10's ten colours, then their light tints: a sweep of 11 methods would otherwise draw its 1st and 11th alike.
+LINE_COLOURS = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]
+
+
 def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     """Draw one canonical plot; returns a sentence of what it shows, computed from the data."""
     kind, metric, by = spec["kind"], spec["metric"], _keys(spec.get("by", []))
     rows = _select(rows, spec.get("where"))
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ax.set_prop_cycle(color=LINE_COLOURS)
     where = ", ".join(f"{k}={v}" for k, v in (spec.get("where") or {}).items())  # which runs a plot shows
     if rows:
         note = PLOTS[kind](ax, rows, spec, metric, by)
