@@ -172,9 +172,9 @@ def test_studies_without_a_length_table_are_unchanged(tmp_path):
                          "study.length_table.threshold? its keys are ['at', 'by', 'metric', 'threshold']")),
     ({"threshold": 90}, "study.length_table.threshold=90 must be a number in (0, 1]"),
     ({"metric": "exact_mach"}, ("study.length_table.metric='exact_mach' is not a per-length score in [0, 1]; did "
-                                "you mean exact_match? use one of exact_match, token_acc")),
+                                "you mean exact_match? use one of exact_match, exact_match_given_length, token_acc")),
     ({"metric": "loss"}, ("study.length_table.metric='loss' is not a per-length score in [0, 1]; use one of "
-                          "exact_match, token_acc")),
+                          "exact_match, exact_match_given_length, token_acc")),
     ({"at": 0}, "study.length_table.at=0 must be a number > 0"),
     ({"by": [1]}, ("study.length_table.by=[1] must be a key or a list of keys, e.g. [pos, task.index_hints] "
                    "(default: study.compare)")),

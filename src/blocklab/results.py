@@ -19,7 +19,7 @@ CHECKPOINT = Path("checkpoints") / "last.ckpt"
 SAVED_CONFIG = Path(".hydra") / "config.yaml"
 STATUSES = ("completed", "diverged", "failed")
 METRICS = ("exact_match", "token_acc", "loss", "perplexity", "bits_per_char",  # shown when a task reports them
-           "next_sentence_acc", "read_attention")
+           "next_sentence_acc", "exact_match_given_length", "read_attention")
 
 
 def unfinished_run_error(run_dir: Path) -> str | None:
@@ -128,7 +128,7 @@ def learned_warning(results: dict) -> str | None:
 
 # Column headers that say what a metric is where its name alone would not (LM runs have no exact match).
 METRIC_HEADERS = {"exact_match": "exact match (greedy)", "token_acc": "token acc", "bits_per_char": "bits/char",
-                  "read_attention": "read attn"}
+                  "exact_match_given_length": "exact (end given)", "read_attention": "read attn"}
 
 
 def print_summary(results: dict, path: Path, console: Console | None = None) -> None:

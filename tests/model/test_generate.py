@@ -94,6 +94,29 @@ def test_eos_stops_a_row_and_pads_after_it():
         assert bool((out[row, stop:] == 0).all())
 
 
+def test_a_row_cannot_end_before_its_min_new_tokens():
+    model = make_model("rope")
+    prompts = make_prompts()
+    eos = int(generate(model, prompts, max_new_tokens=1)[0, 0])  # row 0 would end at once
+    minimum = torch.tensor([5, 0, 3])
+    out = generate(model, prompts, max_new_tokens=8, eos_id=eos, pad_id=0, min_new_tokens=minimum)
+    for row, prompt in enumerate(prompts):
+        # Reference: greedy alone, recomputed, with EOS's logit at -inf for the first `minimum` steps.
+        seq = prompt.clone()
+        with torch.no_grad():
+            for step in range(8):
+                logits = model(seq[None])[0, -1].clone()
+                if step < minimum[row]:
+                    logits[eos] = float("-inf")
+                seq = torch.cat((seq, logits.argmax()[None]))
+        expected = seq[len(prompt):]
+        hits = (expected == eos).nonzero()
+        stop = int(hits[0, 0]) + 1 if len(hits) else len(expected)
+        assert torch.equal(out[row, :stop], expected[:stop]) and bool((out[row, stop:] == 0).all())
+        assert eos not in out[row, :int(minimum[row])].tolist()
+    assert out[1].tolist() == generate(model, prompts, max_new_tokens=8, eos_id=eos, pad_id=0)[1].tolist()
+
+
 def test_generation_ends_when_every_row_has_emitted_eos():
     model = make_model("rope")
     prompts = make_prompts()

@@ -67,13 +67,14 @@ def _stacked_streams(streams: list[dict[str, Tensor]], prompts: list[Tensor], wi
 def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | None = None, pad_id: int = 0,
              temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None,
              use_cache: bool = True, bos_id: int | None = None,
-             streams: list[dict[str, Tensor]] | None = None) -> Tensor:
+             streams: list[dict[str, Tensor]] | None = None, min_new_tokens: Tensor | None = None) -> Tensor:
     """Continue each prompt; returns the new tokens (B, <= max_new_tokens), `pad_id` after a row's EOS.
     temperature 0 is greedy. Rows of different lengths are left-padded with explicit positions,
     so each row is decoded exactly as it would be alone. An encoder-decoder model reads the
     prompts as its sources and starts the decoder from `bos_id`. `streams` (one dict per row, of
     position ids and/or digit indices over the prompt and the new tokens; tasks/placement.py) replace
-    the positions 0, 1, 2 ... and feed a model's Abacus embeddings."""
+    the positions 0, 1, 2 ... and feed a model's Abacus embeddings. `min_new_tokens` (B,): a row cannot end
+    (write `eos_id`) before that many new tokens."""
     device = next(model.parameters()).device
     streams = streams if streams and streams[0] else None
     if model.is_encoder_decoder and streams is not None:
@@ -100,7 +101,11 @@ def generate(model, prompts: list[Tensor], max_new_tokens: int, eos_id: int | No
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     out = []
     for step in range(max_new_tokens):
-        token = _next_token(logits[:, -1], temperature, top_k, generator)
+        scores = logits[:, -1]
+        if min_new_tokens is not None:
+            early = (step < min_new_tokens.to(device))[:, None] & (torch.arange(scores.shape[-1], device=device) == eos_id)
+            scores = scores.masked_fill(early, float("-inf"))
+        token = _next_token(scores, temperature, top_k, generator)
         if eos_id is not None:  # without an EOS no row is ever done
             token = token.masked_fill(done, pad_id)
             done |= token == eos_id

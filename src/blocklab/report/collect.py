@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 from blocklab.cli import CONF_DIR
 from blocklab.results import RESULTS_FILE, flatten, swept_overrides
 
-HIGHER_IS_BETTER = {"exact_match", "exact_match_in", "exact_match_out", "token_acc", "token_acc_in", "tokens_per_s",
+HIGHER_IS_BETTER = {"exact_match", "exact_match_given_length", "read_attention", "exact_match_in", "exact_match_out",
+                    "token_acc", "token_acc_in", "tokens_per_s",
                     "decode_tokens_per_s", "next_sentence_acc", "next_sentence_acc_in"}
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
                    "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token", "early_loss",

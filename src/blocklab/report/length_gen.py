@@ -27,7 +27,7 @@ from blocklab.errors import ConfigError
 from blocklab.schema import Choice, Keys, Number, Spec
 
 KEY = "study.length_table"
-METRICS = ("exact_match", "token_acc")  # per-length scores in [0, 1] where higher is better
+METRICS = ("exact_match", "exact_match_given_length", "token_acc")  # per-length scores in [0, 1], higher better
 DEFAULTS = {"metric": "exact_match", "threshold": 0.9, "at": 2}
 EXAMPLE = "{metric: exact_match, threshold: 0.9, at: 2}"
 

@@ -133,7 +133,7 @@ class SequenceTask(Task):
 
     def __init__(self, symbols: list[str], min_len: int, max_len: int, eval_lengths: list[int] | None,
                  batch_size: int, eval_examples: int, eval_seed: int, seed: int, seq2seq: bool = False,
-                 placement: Placement = Placement()):
+                 placement: Placement = Placement(), eval_given_length: bool = False):
         self.tokens = [PAD, EOS, BOS, *symbols]
         self.ids = {t: i for i, t in enumerate(self.tokens)}
         self.pad_id, self.eos_id, self.bos_id = self.ids[PAD], self.ids[EOS], self.ids[BOS]
@@ -143,6 +143,7 @@ class SequenceTask(Task):
         self.batch_size, self.eval_examples = batch_size, eval_examples
         self.eval_seed, self.seed = eval_seed, seed
         self.placement = placement
+        self.eval_given_length = eval_given_length
 
     @classmethod
     def errors(cls, cfg: dict) -> list[str]:
@@ -154,6 +155,8 @@ class SequenceTask(Task):
         if not errs and cfg["min_len"] > cfg["max_len"]:
             errs.append(f"task.min_len={cfg['min_len']} > task.max_len={cfg['max_len']}: the training length "
                         "range is empty; make min_len <= max_len")
+        if not isinstance(cfg.get("eval_given_length", False), bool):
+            errs.append(f"task.eval_given_length={cfg['eval_given_length']!r} must be true or false")
         lengths = cfg.get("eval_lengths")
         if lengths is not None and (not isinstance(lengths, (list, tuple)) or not lengths
                                     or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)):
@@ -310,6 +313,25 @@ class SequenceTask(Task):
                 row["read_attention"], row["read_head"] = float(reading[row["length"]][layer, head]), [layer, head]
         return rows
 
+    def _generate(self, model, examples: list[Example], max_new_tokens: int, min_new_tokens: Tensor | None = None):
+        return generate(model, [torch.tensor(e.prompt) for e in examples], max_new_tokens, eos_id=self.eos_id,
+                        pad_id=self.pad_id, bos_id=self.bos_id, min_new_tokens=min_new_tokens,
+                        streams=[{k: torch.tensor(v) for k, v in e.streams.items()} for e in examples])
+
+    def _exact_given_length(self, model, examples: list[Example], exact_rows: list[bool]) -> int:
+        """How many answers greedy decoding gets right when told where they end: the end-of-answer token is
+        ruled out until the answer's length, and the tokens before it are compared (the oracle length of
+        Newman et al. 2020, "The EOS Decision and Length Extrapolation"). It separates writing the answer
+        from deciding where it stops. A row decoded right is right so too (no EOS was its choice before the
+        end), so only the others are decoded again."""
+        wrong = [e for e, right in zip(examples, exact_rows) if not right]
+        if not wrong:
+            return len(examples)
+        sizes = [len(e.answer) - 1 for e in wrong]
+        generated = self._generate(model, wrong, max(sizes), min_new_tokens=torch.tensor(sizes))
+        return sum(exact_rows) + sum(self.scored(row[:size]) == self.scored(e.answer[:-1])
+                                     for row, size, e in zip(generated.tolist(), sizes, wrong))
+
     @torch.no_grad()
     def read_attention(self, model, examples: int = 64) -> dict[int, Tensor]:
         """Per evaluated length, (layers, heads): each head's attention on the keys the answer is read from
@@ -347,7 +369,7 @@ class SequenceTask(Task):
         its first EOS and the true answer agree once both pass through `scored` (index hints dropped)."""
         was_training = model.training
         model.eval()
-        loss_sum = exact = 0
+        loss_sum = exact = exact_given_length = 0
         right_at, rows_at = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
         examples = self.eval_set(length)
         for part in _chunks(examples, batch_size):
@@ -357,11 +379,12 @@ class SequenceTask(Task):
             loss_sum += F.cross_entropy(logits[scored], batch["target"][scored], reduction="sum").item()
             right, rows = hits_by_position(logits.argmax(-1), batch["target"])
             right_at, rows_at = _add_padded(right_at, right), _add_padded(rows_at, rows)
-            generated = generate(model, [torch.tensor(e.prompt) for e in part], self.max_answer_len(length),
-                                 eos_id=self.eos_id, pad_id=self.pad_id, bos_id=self.bos_id,
-                                 streams=[{k: torch.tensor(v) for k, v in e.streams.items()} for e in part])
-            exact += sum(self.scored(through_eos(row, self.eos_id)) == self.scored(e.answer)
-                         for row, e in zip(generated.tolist(), part))
+            generated = self._generate(model, part, self.max_answer_len(length))
+            exact_rows = [self.scored(through_eos(row, self.eos_id)) == self.scored(e.answer)
+                          for row, e in zip(generated.tolist(), part)]
+            exact += sum(exact_rows)
+            if self.eval_given_length:
+                exact_given_length += self._exact_given_length(model, part, exact_rows)
         model.train(was_training)
         tokens = int(rows_at.sum())
         loss = loss_sum / tokens
@@ -369,6 +392,7 @@ class SequenceTask(Task):
             "length": length,
             "in_distribution": self.in_distribution(length),
             "exact_match": exact / len(examples),
+            **({"exact_match_given_length": exact_given_length / len(examples)} if self.eval_given_length else {}),
             "token_acc": int(right_at.sum()) / tokens,
             "token_acc_by_position": (right_at / rows_at).tolist(),  # where in the answer the errors sit
             "loss": loss if math.isfinite(loss) else None,
