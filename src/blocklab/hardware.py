@@ -72,11 +72,13 @@ def keep_freed_memory() -> bool:
 
 
 def describe() -> dict:
-    """The CPU the figures were taken on: model, torch's kernel level, the kernel-relevant flags, threads."""
+    """The CPU the figures were taken on: model, torch's kernel level, the kernel-relevant flags, threads; the GPU
+    torch sees, if any."""
     flags = cpu_flags()
     return {"cpu": cpu_model(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "flags": [flag for flag in KERNEL_FLAGS if flag in flags], "native_bf16": native_bf16(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(),
+            "gpu": f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}" if torch.cuda.is_available() else None}
 
 
 def machine_label(device: torch.device | None = None) -> str:
@@ -96,6 +98,22 @@ def precision_warning(accelerator: str | None, precision: str) -> str | None:
     return (f"warning: trainer.precision=bf16-mixed on a CPU without native bfloat16 ({cpu_model()}, "
             f"{torch.backends.cpu.get_cpu_capability()}, no avx512_bf16/amx_bf16): measured ~17x slower than float32 "
             "on such a CPU (experiment=nanogpt_baby: ~1,040 vs 60 ms a step); use trainer.precision=32-true")
+
+
+def training_device(trainer: dict) -> torch.device:
+    """The device a one-device run of the trainer group trains on, as Lightning picks it: `gpu` and `cuda` are the
+    first CUDA device, `auto` that one where torch sees it and the CPU otherwise."""
+    accelerator = trainer.get("accelerator") or "cpu"
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", 0)
+    return torch.device("mps" if accelerator == "mps" else "cpu")
+
+
+def finish_queued_work(device: torch.device) -> None:
+    """Wait for what was queued on a GPU (its kernels run after the Python call returns), so a timing ends when
+    the work does; a CPU ran it already."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def accelerator_error(accelerator: str | None) -> str | None:

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from blocklab.analysis import activations, metrics
 from blocklab.model.norm import bounds_token_length
-from blocklab.tasks.base import IGNORE, model_inputs
+from blocklab.tasks.base import IGNORE, device_of, model_inputs, on_device
 
 
 def prenorm_score_bounds(model, block) -> list[float] | None:
@@ -45,28 +45,34 @@ def _row_block_bound(weight: Tensor, bias: Tensor | None, rows: slice, radius: f
 
 @torch.no_grad()
 def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: bool = False) -> dict:
-    """One forward pass with attention weights and hooks; per-layer statistics (lists over layers)."""
+    """One forward pass with attention weights and hooks; per-layer statistics (lists over layers). The model runs
+    where its weights are; what it produced is measured on the CPU (in float64 where it matters)."""
     was_training = model.training
     model.eval()
     blocks = list(model.blocks)
     outputs, hidden = {}, {}
-    hooks = [b.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, out)) for i, b in enumerate(blocks)]
-    hooks += [b.ffn.out_proj.register_forward_pre_hook(lambda m, a, i=i: hidden.__setitem__(i, a[0]))
+    hooks = [b.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(i, out.cpu()))
+             for i, b in enumerate(blocks)]
+    hooks += [b.ffn.out_proj.register_forward_pre_hook(lambda m, a, i=i: hidden.__setitem__(i, a[0].cpu()))
               for i, b in enumerate(blocks) if hasattr(b.ffn, "out_proj")]  # MoE: one hidden per expert, no sparsity
     pre = {}  # pre-activations of the dense FFNs (gated: the gate's half, which FFN.forward chunks first)
     hooks += [b.ffn.in_proj.register_forward_hook(
-        lambda m, a, out, i=i, gated=b.ffn.gated: pre.__setitem__(i, out.chunk(2, dim=-1)[0] if gated else out))
+        lambda m, a, out, i=i, gated=b.ffn.gated: pre.__setitem__(i, (out.chunk(2, dim=-1)[0] if gated else out).cpu()))
         for i, b in enumerate(blocks) if hasattr(b.ffn, "in_proj") and hasattr(b.ffn, "act")]
+    on_model = on_device(batch, device_of(model))
     try:
-        _, weights = model(batch["input"], need_weights=True, **model_inputs(batch))
+        _, weights = model(on_model["input"], need_weights=True, **model_inputs(on_model))
+        positions = torch.arange(batch["input"].shape[1], device=device_of(model))[None]
+        embedded = model.pos.embed(model.tok_emb(on_model["input"]), positions).cpu()
     finally:
         for hook in hooks:
             hook.remove()
         model.train(was_training)
+    weights = [w.cpu() for w in weights]
+    batch = on_device(batch, torch.device("cpu"))
     valid = batch["valid"]
     # The queries the loss reads (the answer's): where a task's attention pattern shows, undiluted by the prompt's rows.
     answer = batch["target"] != IGNORE if "target" in batch else None
-    embedded = model.pos.embed(model.tok_emb(batch["input"]), torch.arange(batch["input"].shape[1])[None])
     layers = []
     for i, (block, w) in enumerate(zip(blocks, weights)):
         w = w.double()
@@ -133,6 +139,7 @@ def probe_gradients(model, batch: dict) -> list[dict]:
     was_training = model.training
     model.eval()
     model.zero_grad(set_to_none=True)
+    batch = on_device(batch, device_of(model))
     with torch.enable_grad():
         logits = model(batch["input"], **model_inputs(batch))
         loss = F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE)

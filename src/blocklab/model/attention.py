@@ -178,7 +178,7 @@ class SoftmaxAttention(Attention):
         scores = (q @ k.transpose(-2, -1)) * self.scale
         if is_causal:
             tq, tk = scores.shape[-2:]
-            scores = scores.masked_fill(torch.ones(tq, tk, dtype=torch.bool).triu(1), float("-inf"))
+            scores = scores.masked_fill(torch.ones(tq, tk, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
         if mask is not None:
             scores = scores + mask
         weights = scores.softmax(dim=-1)

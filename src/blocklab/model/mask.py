@@ -56,14 +56,15 @@ def self_attention_context(idx: Tensor, positions: Tensor | None, valid: Tensor 
     return AttentionContext(positions, scheme, mask, is_causal, cache, need_weights, k_positions, k_valid)
 
 
-def cross_attention_context(memory_valid: Tensor | None, scheme: PositionScheme, cache: DecodingCache | None,
-                            need_weights: bool = False) -> AttentionContext:
+def cross_attention_context(memory: Tensor, memory_valid: Tensor | None, scheme: PositionScheme,
+                            cache: DecodingCache | None, need_weights: bool = False) -> AttentionContext:
     """Decoder queries see every valid encoder position; positions are already in the memory."""
     mask = None
     if memory_valid is not None and not bool(memory_valid.all()):
         mask = torch.zeros(memory_valid.shape, dtype=torch.float32, device=memory_valid.device)
         mask = mask.masked_fill(~memory_valid, float("-inf"))[:, None, None, :]
-    return AttentionContext(torch.zeros(1, 1, dtype=torch.long), scheme, mask, False, cache, need_weights)
+    return AttentionContext(torch.zeros(1, 1, dtype=torch.long, device=memory.device), scheme, mask, False, cache,
+                            need_weights)
 
 
 def build_mask(

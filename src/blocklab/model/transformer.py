@@ -153,7 +153,7 @@ class EncoderDecoder(Transformer):
             memory = self.encode(source, source_valid)
             if cache is not None:
                 cache.memory, cache.memory_valid = memory, source_valid
-        cross_ctx = cross_attention_context(source_valid, self.pos, cache, need_weights)
+        cross_ctx = cross_attention_context(memory, source_valid, self.pos, cache, need_weights)
         return self._decode(idx, positions, valid, cache, need_weights, cross_ctx, memory)
 
 

@@ -106,6 +106,17 @@ def model_inputs(batch: dict) -> dict:
     return {key: batch[key] for key in ("valid", "source", "source_valid", "segment", *STREAMS) if key in batch}
 
 
+def on_device(batch: dict, device: torch.device) -> dict:
+    """The batch with its tensors on `device` (a model's, where it runs on a GPU); other values as they are."""
+    return {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
+
+
+def device_of(model) -> torch.device:
+    """Where the model's parameters are (the CPU for a module without any, such as a rule written as one)."""
+    first = next(model.parameters(), None)
+    return torch.device("cpu") if first is None else first.device
+
+
 def hits_by_position(predicted: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """Per place in the answer (the k-th scored target token of a row, the end-of-answer token included): how
     many predictions are right there and how many rows have a k-th token. Answers of one length may differ in
@@ -345,10 +356,10 @@ class SequenceTask(Task):
         reading = {}
         for length in self.eval_lengths:
             part = self.eval_set(length)[:examples]
-            batch = self.collate(part)
+            batch = on_device(self.collate(part), device_of(model))
             _, weights = model(batch["input"], need_weights=True, **model_inputs(batch))
             reads = self.read_map(part, batch["input"].shape[1])
-            reading[length] = torch.stack([attention_on(w.double(), reads) for w in weights])
+            reading[length] = torch.stack([attention_on(w.double().cpu(), reads) for w in weights])
         model.train(was_training)
         return reading
 
@@ -373,8 +384,9 @@ class SequenceTask(Task):
         right_at, rows_at = torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.long)
         examples = self.eval_set(length)
         for part in _chunks(examples, batch_size):
-            batch = self.collate(part)
-            logits = model(batch["input"], **model_inputs(batch))
+            batch = self.collate(part)  # scored on the CPU (float64 counts); the model reads it where it runs
+            on_model = on_device(batch, device_of(model))
+            logits = model(on_model["input"], **model_inputs(on_model)).cpu()
             scored = batch["target"] != IGNORE
             loss_sum += F.cross_entropy(logits[scored], batch["target"][scored], reduction="sum").item()
             right, rows = hits_by_position(logits.argmax(-1), batch["target"])

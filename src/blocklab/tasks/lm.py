@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import IterableDataset
 
 from blocklab.errors import ConfigError
-from blocklab.tasks.base import ddp_rank
+from blocklab.tasks.base import ddp_rank, device_of, on_device
 from blocklab.tasks.corpus import cache_key, load_corpus, source_key
 from blocklab.tasks.interface import TASKS, Task
 from blocklab.tasks.tokenizer import tokenizer_errors, train_tokenizer
@@ -131,6 +131,7 @@ class LMTask(Task):
         for mult, length in zip(self.eval_multipliers, self.eval_lengths):
             loss_sum = correct = tokens = 0
             for batch in self._batches(length):
+                batch = on_device(batch, device_of(model))
                 logits = model(batch["input"])
                 loss_sum += F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), reduction="sum").item()
                 correct += (logits.argmax(-1) == batch["target"]).sum().item()

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from blocklab.tasks.base import IGNORE, ddp_rank, model_inputs
+from blocklab.tasks.base import IGNORE, ddp_rank, device_of, model_inputs, on_device
 from blocklab.tasks.interface import TASKS
 from blocklab.tasks.lm import LMTask, RandomWindows
 
@@ -179,6 +179,7 @@ class MLMTask(LMTask):
         for mult, length in zip(self.eval_multipliers, self.eval_lengths):
             loss_sum = correct = scored = sequences = pairs_right = 0
             for batch in self._batches(length):
+                batch = on_device(batch, device_of(model))
                 out = model(batch["input"], **model_inputs(batch), **({"sentence": True} if self.nsp else {}))
                 logits, sentence = out if self.nsp else (out, None)
                 if sentence is not None:

@@ -14,7 +14,8 @@ from torch.utils._pytree import tree_leaves
 
 from blocklab.model.generate import decoding
 from blocklab.tasks import Task
-from blocklab.tasks.base import IGNORE, model_inputs
+from blocklab.hardware import finish_queued_work
+from blocklab.tasks.base import IGNORE, device_of, model_inputs, on_device
 
 
 class PeakMemory(TorchDispatchMode):
@@ -53,8 +54,7 @@ def step_peak_bytes(model, batch: dict) -> int:
     # A training-mode forward moves running statistics (BatchNorm's): a measurement must leave the model as it was.
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     model.train()
-    device = next(model.parameters()).device
-    batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, Tensor)}
+    batch = on_device(batch, device_of(model))
     with PeakMemory() as memory:
         logits = model(batch["input"], **model_inputs(batch))
         F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE).backward()
@@ -77,8 +77,7 @@ def forward_flops_per_token(model, batch: dict) -> float:
     attention, 2 per multiply-add; masked attention counted as the kernel computes it)."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
-    batch = {key: value.to(device) for key, value in batch.items() if isinstance(value, Tensor)}
+    batch = on_device(batch, device_of(model))
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_CPU_SDPA) as counter:
         model(batch["input"], **model_inputs(batch))
     model.train(was_training)
@@ -90,12 +89,13 @@ def decode_at(model, context: int, new_tokens: int, batch: int) -> dict:
     """Greedy cached decoding of the last `new_tokens` of `context` (random prompt tokens: speed and state do
     not depend on them): tokens/s of those steps, and the state held per sequence at `context` tokens."""
     shape, generator = (batch, context - new_tokens), torch.Generator().manual_seed(0)
-    prompt = torch.randint(model.cfg.vocab_size, shape, generator=generator).to(next(model.parameters()).device)
+    prompt = torch.randint(model.cfg.vocab_size, shape, generator=generator).to(device_of(model))
     cache = model.new_cache()
     token = model(prompt, cache=cache, **model.placeholder_streams(prompt))[:, -1:].argmax(-1)
     start = time.perf_counter()
     for _ in range(new_tokens):
         token = model(token, cache=cache, **model.placeholder_streams(token))[:, -1:].argmax(-1)
+    finish_queued_work(token.device)
     elapsed = time.perf_counter() - start
     return {"decode_tokens_per_s": batch * new_tokens / elapsed, "decode_state_bytes": cache.bytes() // batch}
 

@@ -4,11 +4,12 @@ import time
 
 import torch
 
-from blocklab.hardware import machine_label
+from blocklab.hardware import finish_queued_work, machine_label
 from blocklab.model import ModelConfig
 from blocklab.model.generate import generate
 from blocklab.results import in_distribution_exact_match, learned_in_distribution
 from blocklab.tasks import Task
+from blocklab.tasks.base import device_of
 from blocklab.schema import PRECISIONS
 from blocklab.train.costs import costs
 from blocklab.train.sweep import beside_other_jobs
@@ -49,6 +50,7 @@ def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8, rounds
         start = time.perf_counter()
         streams = [model.placeholder_streams(torch.zeros(len(p) + new_tokens, dtype=torch.long)) for p in prompts]
         generate(model, prompts, new_tokens, bos_id=task.bos_id, streams=streams)
+        finish_queued_work(device_of(model))
         return time.perf_counter() - start
 
     seconds_to_decode()
@@ -72,7 +74,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "ms_per_step": 1000 * lit.step_time_s / max(1, steps),
         "threads": torch.get_num_threads(),  # the times above depend on it (trainer.threads, the launcher)
         "beside_other_jobs": beside_other_jobs(),  # then they depend on the jobs that ran beside it too
-        "machine": machine_label(next(lit.model.parameters()).device),
+        "machine": machine_label(device_of(lit.model)),
         "final_train_loss": lit.last_train_loss,
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": diverged_at_step,

@@ -32,15 +32,19 @@ from blocklab.train.sweep import (INTERRUPTED, beside_other_jobs, cores_per_job,
 
 # A run's console is its progress and its results: not Lightning's advertisements, its report of
 # accelerators a CPU run does not use, its note that max_steps was reached, or its restore messages
-# (the run says itself that it resumes).
+# (the run says itself that it resumes). On a GPU: not the precision it was asked for, the device's index, or
+# the advice to round float32 matmuls through TF32 (a 32-true run is asked to be exact; bf16-mixed is the fast one).
 LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "`Trainer.fit` stopped:",
-                     "Restoring states from the checkpoint", "Restored all states from the checkpoint")
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-    lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER))
+                     "Restoring states from the checkpoint", "Restored all states from the checkpoint",
+                     "Using bfloat16 Automatic Mixed Precision", "You are using a CUDA device", "LOCAL_RANK:")
+for _logger in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
+    logging.getLogger(_logger).addFilter(lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER))
 # Trainer-group keys that BlockLab reads itself; the rest are lightning.Trainer's arguments.
 BLOCKLAB_TRAINER_KEYS = ("compile", "threads")
 # Lightning calls torch's deprecated pytree API on every fit; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+# Batches are generated in the training process in well under a step; loader workers would only add processes.
+warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
 
 
 def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
@@ -127,6 +131,7 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     if not trainer.is_global_zero:
         return None  # rank 0 evaluates and writes the results
 
+    lit.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU: evaluate where it trained
     results = outcome(task, lit, guard.diverged_at_step, trainer.global_step, picked)
     if groups.get("study"):
         results["study"] = groups["study"]["name"]
