@@ -29,8 +29,11 @@ def test_asking_for_a_gpu_without_one_is_one_line_and_writes_nothing(tmp_path, o
 
 @pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 def test_a_gpu_run_trains_in_bf16_and_matches_float32_closely(tmp_path):
-    run_in_process([*FAST, "trainer=gpu"], tmp_path / "gpu")
-    run_in_process([*FAST, "trainer=gpu", "trainer.precision=32-true"], tmp_path / "fp32")
+    """20 steps (trainer=gpu replaces FAST's trainer=debug, so the steps are set again): bfloat16's round-off, not a
+    different training."""
+    short = ["trainer=gpu", "trainer.max_steps=20", "trainer.val_check_interval=20"]
+    run_in_process([*FAST, *short], tmp_path / "gpu")
+    run_in_process([*FAST, *short, "trainer.precision=32-true"], tmp_path / "fp32")
     bf16, fp32 = read_results(tmp_path / "gpu"), read_results(tmp_path / "fp32")
     assert bf16["status"] == "completed" and bf16["choices"]["precision"] == "bf16-mixed"
     assert bf16["final_train_loss"] == pytest.approx(fp32["final_train_loss"], rel=0.02)
@@ -49,3 +52,64 @@ def test_a_compiled_run_trains_to_the_losses_of_an_eager_one(tmp_path):
     # Evaluation runs eagerly either way: the same weights give the same rows.
     for a, b in zip(compiled["eval"], eager["eval"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
+@pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+def test_a_gpu_run_evaluates_and_measures_its_model_on_the_gpu(tmp_path):
+    """Lightning's teardown moves the model to the CPU; the run moves it back, so results.json names the GPU it
+    trained on, and the diagnostics' probe meets the model on its device instead of being skipped. The console
+    carries the run's own lines, not Lightning's notes on the GPU, its precision or loader workers."""
+    proc = run_cli([*FAST, "trainer=gpu", "trainer.max_steps=20", f"hydra.run.dir={tmp_path}"], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for chatter in ("Tensor Cores", "LOCAL_RANK", "Automatic Mixed Precision", "num_workers"):
+        assert chatter not in proc.stdout + proc.stderr
+    results = read_results(tmp_path)
+    assert torch.cuda.get_device_name(0) in results["machine"]
+    assert all("skipped" not in results["diagnostics"][tag] for tag in ("init", "end"))
+    assert all(row["loss"] is not None for row in results["eval"])
+
+
+@pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("task", ["copy", "addition", "lm"])
+def test_evaluation_on_the_gpu_scores_what_it_scores_on_the_cpu(task):
+    """The same float32 weights evaluated on both devices: teacher-forced losses agree to round-off and greedy
+    decoding reads the same tokens (exact match and token accuracy equal)."""
+    from blocklab.experiment import Setup
+    from blocklab.model import build_model
+
+    small = ["task.eval_examples=16"] if task != "lm" else ["task.eval_multipliers=[1,2]"]
+    setup = Setup.from_config(compose_config(["trainer=debug", "logger=none", f"task={task}", *small]))
+    torch.manual_seed(0)
+    model = build_model(setup.model_cfg)
+    cpu = setup.task.evaluate(model.eval())
+    gpu = setup.task.evaluate(model.cuda())
+    for a, b in zip(cpu, gpu):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+        assert b["token_acc"] == pytest.approx(a["token_acc"], abs=1e-3)
+        assert b.get("exact_match") == a.get("exact_match")
+
+
+def _pack_history(tmp_path, overrides, seeds, tag):
+    from blocklab.train.pack import pack_of
+
+    pack = pack_of([compose_config([*overrides, f"seed={s}"], tmp_path / f"{tag}{s}") for s in seeds])
+    pack.run()
+    return torch.tensor(pack.history)
+
+
+@pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("precision, rtol", [("32-true", 1e-4), ("bf16-mixed", 1e-2)])
+@pytest.mark.parametrize("arch", [["attn=mha", "pos=rope"], ["attn=gqa", "pos=alibi"]])
+def test_packed_members_on_the_gpu_train_as_each_seed_alone(tmp_path, precision, rtol, arch):
+    """A pack on the GPU: each member's per-step losses are its own run's (alone: a pack of one, a plain run) to
+    the precision's round-off; every member evaluates on the GPU and says so."""
+    overrides = ["logger=none", "diagnostics=none", "task.eval_examples=16", "task.eval_lengths=[4,16,20]",
+                 "trainer=gpu", f"trainer.precision={precision}", "trainer.max_steps=20",
+                 "trainer.val_check_interval=20", *arch]
+    packed = _pack_history(tmp_path, overrides, (0, 1, 2), "p")
+    alone = torch.cat([_pack_history(tmp_path, overrides, (s,), "alone") for s in (0, 1, 2)], dim=1)
+    assert packed.shape == alone.shape == (20, 3)
+    assert torch.allclose(packed, alone, rtol=rtol, atol=0)
+    for seed in (0, 1, 2):
+        results = read_results(tmp_path / f"p{seed}")
+        assert results["pack"]["members"] == 3 and torch.cuda.get_device_name(0) in results["machine"]

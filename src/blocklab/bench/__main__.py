@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     # Figures mean little without the CPU: bfloat16 and even float32 ratios change with its kernels.
     cpu_line = (f"machine: {machine['cpu']}, torch CPU kernels {machine['torch_cpu_capability']}, flags "
                 f"{' '.join(machine['flags']) or 'unknown'}, native bf16 {machine['native_bf16']}, "
-                f"{machine['threads']} threads, torch {torch.__version__}")
+                f"{machine['threads']} threads, torch {torch.__version__}"
+                + (f"; GPU {machine['gpu']} (figures measured on it say so)" if machine["gpu"] else ""))
     console.print(cpu_line, soft_wrap=True, markup=False)
     for name in names:
         start = time.perf_counter()

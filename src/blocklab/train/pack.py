@@ -11,6 +11,9 @@ would have). AdamW is elementwise, so one fused AdamW over the stacked parameter
 Dropout draws one mask over the whole pack: each member gets its own masks, but not the ones it would draw
 alone, so only a pack without dropout (or of one member) reproduces its runs bit for bit.
 
+The pack trains where a run of its config would (trainer.accelerator: the CPU or one GPU) and in its precision:
+32-true, or bf16-mixed, the forward under bfloat16 autocast with float32 weights, as Lightning's bf16-mixed runs it.
+
 A plain loop, not Lightning's: Lightning trains one module with one optimizer and writes one checkpoint."""
 import dataclasses
 import math
@@ -28,10 +31,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from blocklab.experiment import Setup
-from blocklab.hardware import use_threads
+from blocklab.hardware import finish_queued_work, training_device, use_threads
 from blocklab.results import (CHECKPOINT, RESULTS_FILE, SAVED_CONFIG, console_kwargs, flatten, previous_status,
                               print_summary, write_results)
-from blocklab.tasks.base import IGNORE
+from blocklab.tasks.base import IGNORE, on_device
 from blocklab.train.checks import check_run_dir
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.grouped import GroupedModel, Unpackable, fold, pack_problem
@@ -73,15 +76,16 @@ def prepared(cfg: DictConfig) -> Setup:
 
 
 def build(members: list[Member]) -> None:
-    """Each member's module with its own init, exactly as its run alone builds it."""
+    """Each member's module with its own init, exactly as its run alone builds it, on the device it trains on."""
     use_threads(members[0].setup.groups["trainer"])  # the members differ only in seed
+    device = training_device(members[0].setup.groups["trainer"])
     for m in members:
         groups, task = m.setup.groups, m.setup.task
         L.seed_everything(m.seed, workers=True, verbose=False)
         m.picked = choices(m.setup.model_cfg, m.seed, groups["trainer"].get("precision", "32-true"))
         m.lit = LitTransformer(m.setup.model_cfg, groups["optim"],
                                [n for n in task.eval_lengths if task.in_distribution(n)],
-                               target_loss=groups["target_loss"])
+                               target_loss=groups["target_loss"]).to(device)
         m.stream = iter(task.train_batches(m.setup.start_step or 0))
 
 
@@ -93,7 +97,8 @@ def problem(members: list[Member]) -> str | None:
         grouped = GroupedModel([m.lit.model for m in members])
     except Unpackable as err:
         return str(err)
-    batches = [next(iter(m.setup.task.train_batches(m.setup.start_step or 0))) for m in members]
+    device = training_device(members[0].setup.groups["trainer"])
+    batches = [on_device(next(iter(m.setup.task.train_batches(m.setup.start_step or 0))), device) for m in members]
     return pack_problem(grouped, [m.lit for m in members], batches, getattr(members[0].setup.task, "pad_id", 0))
 
 
@@ -108,6 +113,9 @@ class Pack:
         self.interrupted = False
         self.history: list[list[float]] = []  # every step's training losses, one per member
         self.pad_id = getattr(members[0].setup.task, "pad_id", 0)
+        self.device = training_device(self.trainer)
+        bf16 = str(self.trainer.get("precision", "32-true")) == "bf16-mixed"
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
     # ------------------------------------------------------------------------------ setting up
 
@@ -132,12 +140,12 @@ class Pack:
         if resumed:
             state = stacked_optimizer_state([r["optimizer_states"][0] for r in resumed], self.order)
             for name, value in state.items():
-                self.optimizer.state[self.grouped.params[name]] = value
+                self.optimizer.state[self.grouped.params[name]] = on_device(value, self.device)
             _set_rng_states(resumed[0]["rng_states"])  # the pack's dropout goes on with the first member's draws
         for k, m in enumerate(self.members):
             self._open_logger(m)
             self._open_diagnostics(m, resumed[k] if resumed else None)
-        self.alive = torch.ones(self.k, dtype=torch.bool)
+        self.alive = torch.ones(self.k, dtype=torch.bool, device=self.device)
         self.frozen: dict[int, dict] = {}
 
     def _load(self, m: Member) -> dict:
@@ -213,7 +221,9 @@ class Pack:
         for group in self.optimizer.param_groups:  # LambdaLR's value, computed as it computes it
             group["lr"] = self.optim["lr"] * lr_factor(step, self.optim["warmup_steps"], self.total,
                                                           self.optim["min_lr"] / self.optim["lr"])
-        losses = self.grouped.losses(fold(batches, self.pad_id) if self.k > 1 else batches[0])
+        with self.autocast:
+            losses = self.grouped.losses(on_device(fold(batches, self.pad_id) if self.k > 1 else batches[0],
+                                                   self.device))
         torch.where(self.alive, losses, torch.zeros_like(losses)).sum().backward()
         grads = [self.grouped.params[name].grad for name in self.order]
         self._before_step(step, grads)
@@ -223,6 +233,7 @@ class Pack:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._keep_frozen()
+        finish_queued_work(self.device)
         elapsed = time.perf_counter() - begin
         values = losses.tolist()
         self.history.append(values)
@@ -317,7 +328,9 @@ class Pack:
         model.eval()
         sums = {True: [0.0, 0], False: [0.0, 0]}
         for batch in m.setup.task.validation_batches():
-            per_token = m.lit.batch_loss(batch, reduction="none")
+            batch = on_device(batch, self.device)
+            with self.autocast:
+                per_token = m.lit.batch_loss(batch, reduction="none")
             n = int((batch["target"] != IGNORE).sum())
             inside = batch["length"] in m.lit.in_distribution
             sums[inside] = [sums[inside][0] + float(per_token.sum()), sums[inside][1] + n]

@@ -5,7 +5,7 @@ jobs (the job's override_dirname with its seed changed, named by Hydra's own fun
 jobs find their results and are skipped as any finished job is.
 
 Not packed, each seed then running as its own job, as without the option (one note line says why): DDP or
-several devices, an accelerator other than the CPU, a precision other than 32-true, next-sentence prediction, jobs
+several devices, a precision other than 32-true and bf16-mixed, trainer.compile, next-sentence prediction, jobs
 side by side (joblib's default, submitit; joblib's is refused before launch), a seed group's members resuming from
 different steps, and models whose members would not compute alone what they compute packed (train/grouped.py
 checks every pack on its first batches: e.g. BatchNorm's statistics over the batch, MoE's routing, performer's and
@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-import torch
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -56,6 +55,9 @@ def packed_or_alone(alone: Callable[[DictConfig], float | None]) -> Callable[[Di
     return train
 
 
+PACKABLE_PRECISIONS = ("32-true", "32", "bf16-mixed")
+
+
 def refusal(groups: dict, launcher: dict) -> str | None:
     """Why a job's config (and Hydra's launcher) trains its seeds one after another even with study.pack_seeds
     (None: it can pack)."""
@@ -63,11 +65,9 @@ def refusal(groups: dict, launcher: dict) -> str | None:
     if trainer.get("strategy") not in (None, "auto") or trainer.get("devices", 1) not in (1, "auto") \
             or trainer.get("num_nodes", 1) != 1:
         return "a pack trains in one process on one device (DDP and several devices are not packed)"
-    accelerator = trainer.get("accelerator", "cpu")
-    if accelerator != "cpu" and not (accelerator == "auto" and not torch.cuda.is_available()):
-        return f"a pack trains on the CPU (trainer.accelerator={accelerator})"
-    if str(trainer.get("precision", "32-true")) not in ("32-true", "32"):
-        return f"a pack trains in float32 (trainer.precision={trainer['precision']})"
+    if str(trainer.get("precision", "32-true")) not in PACKABLE_PRECISIONS:
+        return (f"a pack trains in float32 or under bfloat16 autocast, not trainer.precision={trainer['precision']} "
+                "(32-true or bf16-mixed)")
     if trainer.get("compile"):
         return "a pack is not compiled (trainer.compile=true)"
     if (groups.get("task") or {}).get("nsp"):
