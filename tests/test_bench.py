@@ -17,6 +17,7 @@ FIELDS = {
     "activations": set(),
     "pack": {"seeds"},
     "malloc": set(),
+    "kernels": {"device"},
 }
 ROW_FIELDS = {
     "step": {"axis", "variant", "ms", "tokens_per_s", "gflop_per_step", "peak_fraction", "vs_nope"},
@@ -27,6 +28,7 @@ ROW_FIELDS = {
     "activations": {"act", "ms", "vs_fastest"},
     "pack": {"seeds", "ms_per_step", "ms_per_seed_step", "vs_one_seed"},
     "malloc": {"threads", "malloc", "ms_per_step", "faults_per_step", "vs_default"},
+    "kernels": {"device", "precision", "length", "pos", "kernel", "ms", "vs_nope_auto", "peak_mb"},
 }
 
 

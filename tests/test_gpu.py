@@ -113,3 +113,17 @@ def test_packed_members_on_the_gpu_train_as_each_seed_alone(tmp_path, precision,
     for seed in (0, 1, 2):
         results = read_results(tmp_path / f"p{seed}")
         assert results["pack"]["members"] == 3 and torch.cuda.get_device_name(0) in results["machine"]
+
+
+@pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("pos", ["t5_bias", "fire"])
+def test_a_trained_bias_takes_the_memory_efficient_kernel_on_the_gpu(pos):
+    """T5's and FIRE's biases are permuted views; CUDA's memory-efficient kernel refuses a mask whose last dimension
+    is not contiguous, which left these schemes on the math kernel. Held to that kernel, a training step runs."""
+    from torch.nn.attention import SDPBackend
+
+    from blocklab.bench.kernels import SIZES, KernelStep
+
+    step = KernelStep(pos, SDPBackend.EFFICIENT_ATTENTION, SIZES["full"], 256, torch.device("cuda", 0))
+    assert step.refusal() is None
+    assert step.layer.attn.qkv_proj.weight.grad is not None and torch.isfinite(step.layer.attn.qkv_proj.weight.grad).all()

@@ -131,7 +131,7 @@ class Layer:
         self.scheme = build_position(pos, d_model, HEADS, cfg.d_head, variant.causal, **cfg.position_options())
 
     def forward(self, x):
-        idx = torch.empty(x.shape[:2], dtype=torch.long)  # only its shape is read
+        idx = torch.empty(x.shape[:2], dtype=torch.long, device=x.device)  # its shape and device are read
         ctx = self_attention_context(idx, None, None, None, self.scheme, self.variant.causal, self.pattern,
                                      need_weights=self.variant.explicit)
         return self.attn(x, ctx)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from blocklab.bench.attention import attention
+from blocklab.bench.kernels import kernels
 from blocklab.bench.malloc import malloc
 from blocklab.bench.pack import pack
 from blocklab.bench.common import (PlainLoop, attn_presets, baby, baby_choice, baby_config, baby_optim, batches,
@@ -376,7 +377,7 @@ def activations(size: str = "full") -> dict:
 
 
 BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
-              "activations": activations, "pack": pack, "malloc": malloc}
+              "activations": activations, "pack": pack, "malloc": malloc, "kernels": kernels}
 
 
 def to_json(results: dict) -> str:

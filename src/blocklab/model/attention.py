@@ -166,6 +166,10 @@ class SoftmaxAttention(Attention):
         # The mask must share q's dtype: torch's CPU SDPA silently mis-reads a float32 mask with
         # float64 q/k/v from length 16 on (masks are built in float32; .to is free when they match).
         mask = None if ctx.mask is None else ctx.mask.to(q.dtype)
+        if mask is not None and mask.is_cuda:
+            # CUDA's memory-efficient kernel needs the mask's last dimension contiguous; T5's and FIRE's biases are
+            # permuted views, which sent SDPA to its math path (`python -m blocklab.bench kernels`).
+            mask = mask.contiguous()
         if mask is not None and mask.requires_grad and dropout == 0.0 and torch.is_grad_enabled():
             return LearnedBiasAttention.apply(q, k, v, mask, self.scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
