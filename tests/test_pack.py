@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from blocklab.errors import ConfigError
 from blocklab.results import read_results
 from blocklab.schema import schema_errors
 from blocklab.train.grouped import GroupedModel, fold
@@ -246,6 +247,14 @@ def test_fold_right_pads_each_members_batch_as_the_task_pads():
     assert folded["input"][2:].tolist() == [[1, 9, 9]] * 2 and folded["target"][2:].tolist() == [[1, -100, -100]] * 2
     assert folded["valid"][2:].tolist() == [[True, False, False]] * 2
     assert folded["input"][:2].tolist() == a["input"].tolist()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU, so trainer=gpu is not refused here")
+def test_a_pack_asked_to_train_on_a_gpu_without_one_is_one_line_and_writes_nothing(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        train_pack(cfgs(tmp_path, [*QUIET, "trainer=gpu"], seeds=(0, 1)))
+    assert "needs a CUDA GPU, and torch sees none" in str(err.value) and "\n" not in str(err.value)
+    assert not list(tmp_path.rglob("*"))
 
 
 def test_configs_that_cannot_pack_say_why():

@@ -31,7 +31,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from blocklab.experiment import Setup
-from blocklab.hardware import finish_queued_work, training_device, use_threads
+from blocklab.errors import ConfigError
+from blocklab.hardware import accelerator_error, finish_queued_work, training_device, use_threads
 from blocklab.results import (CHECKPOINT, RESULTS_FILE, SAVED_CONFIG, console_kwargs, flatten, previous_status,
                               print_summary, write_results)
 from blocklab.tasks.base import IGNORE, on_device
@@ -71,6 +72,8 @@ class Member:
 def prepared(cfg: DictConfig) -> Setup:
     """run.prepare's checks, but nothing written yet: the member's validated setup and the step it resumes from."""
     setup = Setup.from_config(cfg)
+    if error := accelerator_error(setup.groups["trainer"].get("accelerator")):
+        raise ConfigError(error)
     check_loggers(cfg.logger)
     return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, setup.groups))
 
