@@ -81,13 +81,12 @@ def kernels(size: str = "full") -> dict:
                 del steps[key]
         times = interleaved(steps, s["rounds"], s["iters"], warmup=1)
         nope = times[NOPE, "auto"]["ms_median"]
-        for (pos, name), t in times.items():
-            rows.append({"device": device.type, "precision": precision, "length": n, "pos": pos, "kernel": name,
-                         "ms": round(t["ms_median"], 3), "vs_nope_auto": round(t["ms_median"] / nope, 2),
-                         "peak_mb": steps[pos, name].peak_mb()})
-        rows += [{"device": device.type, "precision": precision, "length": n, "pos": pos, "kernel": name,
-                  "ms": None, "vs_nope_auto": None, "peak_mb": None, "refused": reason[:60]}
-                 for (pos, name, length), reason in refused.items() if length == n]
+        where = {"device": device.type, "precision": precision, "length": n}
+        rows += [{**where, "pos": pos, "kernel": name, "ms": round(t["ms_median"], 3),
+                  "vs_nope_auto": round(t["ms_median"] / nope, 2), "peak_mb": steps[pos, name].peak_mb()}
+                 for (pos, name), t in times.items()]
+        rows += [{**where, "pos": pos, "kernel": name, "ms": None, "vs_nope_auto": None, "peak_mb": None,
+                  "refused": reason[:60]} for (pos, name, length), reason in refused.items() if length == n]
     longest = max(s["lengths"])
     auto = {r["pos"]: r["ms"] for r in rows if r["length"] == longest and r["kernel"] == "auto"}
     by_reason = defaultdict(list)
