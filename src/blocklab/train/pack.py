@@ -35,7 +35,7 @@ from blocklab.errors import ConfigError
 from blocklab.hardware import accelerator_error, finish_queued_work, training_device, use_threads
 from blocklab.results import (CHECKPOINT, RESULTS_FILE, SAVED_CONFIG, console_kwargs, flatten, previous_status,
                               print_summary, write_results)
-from blocklab.tasks.base import IGNORE, on_device
+from blocklab.tasks.base import IGNORE, device_of, on_device
 from blocklab.train.checks import check_run_dir
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.grouped import GroupedModel, Unpackable, fold, pack_problem
@@ -100,7 +100,7 @@ def problem(members: list[Member]) -> str | None:
         grouped = GroupedModel([m.lit.model for m in members])
     except Unpackable as err:
         return str(err)
-    device = training_device(members[0].setup.groups["trainer"])
+    device = device_of(members[0].lit.model)
     batches = [on_device(next(iter(m.setup.task.train_batches(m.setup.start_step or 0))), device) for m in members]
     return pack_problem(grouped, [m.lit for m in members], batches, getattr(members[0].setup.task, "pad_id", 0))
 
@@ -116,7 +116,7 @@ class Pack:
         self.interrupted = False
         self.history: list[list[float]] = []  # every step's training losses, one per member
         self.pad_id = getattr(members[0].setup.task, "pad_id", 0)
-        self.device = training_device(self.trainer)
+        self.device = device_of(members[0].lit.model)  # where build() put them
         bf16 = str(self.trainer.get("precision", "32-true")) == "bf16-mixed"
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
