@@ -25,8 +25,9 @@ def addition(reverse=True, pad=False, hints=False, seed=0, **placement):
     return build_task(cfg, seed, placement=Placement(**placement))
 
 
-def copy(hints=False, seed=0, **placement):
-    cfg = {"name": "copy", "alphabet": "abcdef", "index_hints": hints, "hint_symbols": 30, **COMMON}
+def copy(hints=False, seed=0, end_marker=False, **placement):
+    cfg = {"name": "copy", "alphabet": "abcdef", "index_hints": hints, "hint_symbols": 30, "end_marker": end_marker,
+           **COMMON}
     return build_task(cfg, seed, placement=Placement(**placement))
 
 
@@ -131,6 +132,20 @@ def test_copy_couples_input_character_i_with_output_character_i(hints):
         assert ids[len(roles) - 1] == 0  # EOS
 
 
+@pytest.mark.parametrize("hints", [False, True])
+def test_with_an_end_marker_stopping_is_copying_the_token_after_the_last_character(hints):
+    plain, marked = copy(hints, coupled=True), copy(hints, coupled=True, end_marker=True)
+    for (length, p), (_, m) in zip(examples(plain), examples(marked)):
+        assert m.prompt[:-1] == m.answer and names(marked, m.prompt[-2:]) == ["<eos>", "<sep>"]  # `x EOS SEP` -> `x EOS`
+        assert m.prompt[:-2] == p.prompt[:-1] and m.answer == p.answer  # the same string, the marker added
+        ids, half = m.streams["positions"], len(m.prompt)
+        last_char = ids[half + len(m.answer) - 2]  # the answer's last character, whose query decides to stop
+        assert ids[half - 2] == last_char + 1 == max(ids)  # the marker: one id past it, as each copied token is
+        assert ids[half - 1] == p.streams["positions"][len(p.prompt) - 1]  # SEP keeps its id
+        unmarked = ids[:half - 2] + ids[half - 1:]  # every other token keeps its id
+        assert unmarked[:len(p.streams["positions"])] == p.streams["positions"][:len(unmarked)]
+
+
 # --- what each answer token is read from (evaluation's read_attention) -------------------------------
 
 @pytest.mark.parametrize("reverse, pad", [*FORMATS, (False, False)])
@@ -160,6 +175,15 @@ def test_a_copied_token_is_read_from_the_same_place_in_the_prompt(hints):
         assert keys[-1] == [] and len(keys) == len(e.answer)
         assert [e.prompt[k] for ks in keys[:-1] for k in ks] == e.answer[:-1]  # each place reads the token it writes
         assert copy_roles(task, e)[:len(e.prompt) - 1] == copy_roles(task, e)[len(e.prompt):-1]
+
+
+@pytest.mark.parametrize("hints", [False, True])
+def test_with_an_end_marker_the_answers_eos_is_read_from_the_marker(hints):
+    task = copy(hints, end_marker=True)
+    for _, e in examples(task):
+        keys = task.read_keys(e)
+        assert len(keys) == len(e.answer) and all(len(k) == 1 for k in keys)
+        assert [e.prompt[k] for ks in keys for k in ks] == e.answer  # the EOS too: it reads the marker
 
 
 # --- Abacus digit indices (McLeish et al. 2024) ------------------------------------------------------
@@ -336,7 +360,9 @@ def test_hint_symbols_must_cover_the_longest_example():
     ["task=copy", "pos=learned", "pos.coupled=true", "pos.abacus=true", "task.index_hints=true",
      "pos.coupled_offset=8"],
     ["task=copy", "pos=rope", "pos.randomize=true", "pos.random_max=200", "pos.abacus=true"],
-], ids=["coupled", "abacus-padded", "randomized-coupled-hints", "copy-coupled-abacus-hints", "copy-randomized-abacus"])
+    ["task=copy", "pos=rope", "pos.coupled=true", "task.end_marker=true", "task.index_hints=true"],
+], ids=["coupled", "abacus-padded", "randomized-coupled-hints", "copy-coupled-abacus-hints", "copy-randomized-abacus",
+        "copy-coupled-end-marker-hints"])
 def test_cached_decoding_with_streams_equals_recomputation(overrides, tmp_path):
     from blocklab.experiment import Setup
     from blocklab.model import build_model
@@ -374,6 +400,7 @@ def test_cached_decoding_with_streams_equals_recomputation(overrides, tmp_path):
     (["pos.randomize=true", "pos.random_max=20"], "pos.random_max=20 is smaller than the longest evaluated sequence"),
     (["task.index_hints=true", "task.hint_symbols=20"], "task.hint_symbols=20 is fewer than the 32 consecutive"),
     (["task.index_hints=1"], "task.index_hints=1 must be true or false"),
+    (["task.end_marker=1"], "task.end_marker=1 must be true or false"),
 ])
 def test_bad_settings_are_one_line_errors_before_any_work(args, message, tmp_path):
     proc = run_cli([*args, f"run_dir={tmp_path / 'run'}", "logger=none"], timeout=120)
@@ -389,7 +416,8 @@ def test_bad_settings_are_one_line_errors_before_any_work(args, message, tmp_pat
     ["task=addition", "pos.coupled=true", "pos.coupled_offset=8"],
     ["task=copy", "task.index_hints=true", "pos.coupled=true", "pos=learned"],
     ["task=copy", "task.index_hints=true", "pos.abacus=true", "pos=none"],
-], ids=["addition-coupled", "copy-hints-coupled", "copy-hints-abacus-nope"])
+    ["task=copy", "task.end_marker=true", "pos.coupled=true", "pos=rope"],
+], ids=["addition-coupled", "copy-hints-coupled", "copy-hints-abacus-nope", "copy-end-marker-coupled"])
 def test_short_runs_train_and_evaluate(overrides, run_dir):
     run_in_process([*FAST, *overrides], run_dir)
     results = read_results(run_dir)
