@@ -4,6 +4,7 @@ significance one id; Abacus digit indices (McLeish et al. 2024) count each numbe
 index hints (Zhou et al. 2024) mark each digit with its index and are not scored. Then: offsets in training
 only, cached decoding with the streams, one-line errors, and short end-to-end runs."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -364,6 +365,25 @@ def test_hint_symbols_must_cover_the_longest_example():
 ], ids=["coupled", "abacus-padded", "randomized-coupled-hints", "copy-coupled-abacus-hints", "copy-randomized-abacus",
         "copy-coupled-end-marker-hints"])
 def test_cached_decoding_with_streams_equals_recomputation(overrides, tmp_path):
+    streams, cached, model, prompts, new = decoded_both_ways(overrides, tmp_path)
+    from blocklab.model.generate import generate
+    other = [{k: torch.roll(v, 1) if k == "positions" else v + (v > 0) for k, v in s.items()} for s in streams]
+    assert not torch.equal(cached, generate(model, prompts, new, streams=other))  # the streams were read
+
+
+METHODS = sorted(p.stem for p in (Path(__file__).parents[1] / "src/blocklab/conf/method").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("task", ["copy", "addition"])
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_decodes_the_same_with_and_without_the_cache(method, task, tmp_path):
+    decoded_both_ways([f"method={method}", f"task={task}"], tmp_path)
+
+
+def decoded_both_ways(overrides, tmp_path):
+    """Greedy answers to 8 evaluation prompts of length 8 (twice the training length), with the KV cache and
+    recomputing everything, from a model with large random weights (its choices depend on every input); asserts
+    they are equal."""
     from blocklab.experiment import Setup
     from blocklab.model import build_model
     from blocklab.model.generate import generate
@@ -372,16 +392,15 @@ def test_cached_decoding_with_streams_equals_recomputation(overrides, tmp_path):
                                               "task.eval_lengths=[2,8]"], tmp_path / "run"))
     task = setup.task
     torch.manual_seed(0)
-    model = build_model(setup.model_cfg).eval()  # random weights, large: greedy choices depend on every input
+    model = build_model(setup.model_cfg).eval()
     batch = task.eval_set(8)[:8]  # addition: prompts of different lengths, left-padded
     prompts = [torch.tensor(e.prompt) for e in batch]
     streams = [{k: torch.tensor(v) for k, v in e.streams.items()} for e in batch]
     new = task.max_answer_len(8)
     cached = generate(model, prompts, new, streams=streams, use_cache=True)
     recomputed = generate(model, prompts, new, streams=streams, use_cache=False)
-    assert torch.equal(cached, recomputed)
-    other = [{k: torch.roll(v, 1) if k == "positions" else v + (v > 0) for k, v in s.items()} for s in streams]
-    assert not torch.equal(cached, generate(model, prompts, new, streams=other))  # the streams were read
+    assert cached.shape[1] > 1 and torch.equal(cached, recomputed)
+    return streams, cached, model, prompts, new
 
 
 # --- bad input: one line, before any work -------------------------------------------------------------
