@@ -57,6 +57,22 @@ def test_a_bad_override_common_to_every_sweep_job_is_one_line_and_creates_nothin
     assert not sweep_dir.exists()
 
 
+def test_a_job_folder_name_too_long_for_the_file_system_is_one_line_and_creates_nothing(tmp_path):
+    from conftest import run_cli
+
+    sweep_dir = tmp_path / "sweep"
+    many = [f"model.{key}={value}" for key, value in (("d_model", 512), ("n_heads", 4), ("d_ff", 2048),
+                                                       ("n_layers", 1), ("dropout", 0.0), ("bias", "false"))]
+    many += ["optim.lr=0.0001", "optim.min_lr=0.00001", "optim.weight_decay=0", "optim.warmup_steps=10",
+             "task.batch_size=1000", "task.eval_examples=8", "task.eval_lengths=[5,10]", "trainer.max_steps=3",
+             "trainer.val_check_interval=3", "act=geglu", "norm=sandwich_ln", "init=xavier"]
+    proc = run_cli(["-m", "sweep=addition_format", *many, f"hydra.sweep.dir={sweep_dir}"])
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "-byte limit" in lines[0] and "experiment=NAME" in lines[0], lines
+    assert not sweep_dir.exists()
+
+
 def test_an_impossible_sweep_job_is_listed_before_launch_recorded_invalid_and_never_retried(tmp_path):
     from conftest import run_cli
 

@@ -257,6 +257,15 @@ def job_configs(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig
     return configs
 
 
+def longest_name(folder: Path) -> int:
+    """The longest file name, in bytes, the file system that will hold `folder` allows (255 where it does not say)."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+    try:
+        return os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
 def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path, naming: DictConfig) -> None:
     """`jobs`: each job's overrides but Hydra's own, `configs` its config. A sweep file's jobs share one folder, where a finished job is skipped and an interrupted one resumed: so
     one launch takes one study.scale (each scale has its folder), and a job found there must have been trained
@@ -274,6 +283,13 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
         raise ConfigError(f"study.scale takes one value per launch of a sweep file ({', '.join(map(str, scales))} "
                           f"asked): each scale writes its own folder (outputs/sweeps/{study_folder(name, scales[-1])}); "
                           "launch the sweep once per scale")
+    limit = longest_name(folder)
+    too_long = [name for name in (job_dirname(job, naming) for job in jobs) if len(name.encode()) > limit]
+    if too_long:
+        raise ConfigError(f"a job's folder would be named with {len(too_long[0].encode())} bytes "
+                          f"({too_long[0][:48]}...), over this file system's {limit}-byte limit; put the settings every "
+                          "job shares in an experiment file (DIR/experiment/NAME.yaml, then hydra.searchpath=[file://DIR] "
+                          "experiment=NAME), so fewer overrides name each job")
     stale = []
     for job, config in zip(jobs, configs):
         run_dir = folder / job_dirname(job, naming)
