@@ -57,10 +57,14 @@ class CopyTask(SequenceTask):
     def _end(self) -> list[int]:
         return [self.eos_id] if self.end_marker else []
 
+    def _copied(self, prompt: list[int]) -> list[int]:
+        """The prompt's tokens the answer copies (hints included): all but the end marker and SEP."""
+        return prompt[:len(prompt) - 1 - self.end_marker]
+
     def read_keys(self, example):
         # The answer repeats the prompt before SEP token for token (hints included): place p reads prompt[p],
         # and its EOS reads the end marker where there is one (else nothing in the prompt says where to stop).
-        chars = len(example.prompt) - 1 - self.end_marker
+        chars = len(self._copied(example.prompt))
         return [[place] for place in range(chars)] + [[chars] if self.end_marker else []]
 
     @staticmethod
@@ -71,7 +75,7 @@ class CopyTask(SequenceTask):
         return self.hints_for(length)
 
     def with_hints(self, example, hints):
-        chars = example.prompt[:-1 - self.end_marker]
+        chars = self._copied(example.prompt)
         marked = hinted(chars, list(range(len(chars))), hints)
         return Example(prompt=marked + self._end() + example.prompt[-1:], answer=marked + [self.eos_id])
 
@@ -87,7 +91,7 @@ class CopyTask(SequenceTask):
     def streams(self, prompt, length):
         hints = set(self.hint_ids)
         index, indices, is_char = 0, [], []  # each input token's character index (0-based), and whether a character
-        for token in prompt[:-1 - self.end_marker]:
+        for token in self._copied(prompt):
             indices.append(index)
             is_char.append(token not in hints)
             index += token not in hints  # a hint takes the index of the character after it

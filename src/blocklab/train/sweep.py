@@ -283,16 +283,16 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
         raise ConfigError(f"study.scale takes one value per launch of a sweep file ({', '.join(map(str, scales))} "
                           f"asked): each scale writes its own folder (outputs/sweeps/{study_folder(name, scales[-1])}); "
                           "launch the sweep once per scale")
-    limit = longest_name(folder)
-    too_long = [name for name in (job_dirname(job, naming) for job in jobs) if len(name.encode()) > limit]
+    names, limit = [job_dirname(job, naming) for job in jobs], longest_name(folder)
+    too_long = [name for name in names if len(name.encode()) > limit]
     if too_long:
         raise ConfigError(f"a job's folder would be named with {len(too_long[0].encode())} bytes "
                           f"({too_long[0][:48]}...), over this file system's {limit}-byte limit; put the settings every "
                           "job shares in an experiment file (DIR/experiment/NAME.yaml, then hydra.searchpath=[file://DIR] "
                           "experiment=NAME), so fewer overrides name each job")
     stale = []
-    for job, config in zip(jobs, configs):
-        run_dir = folder / job_dirname(job, naming)
+    for job, config, name in zip(jobs, configs, names):
+        run_dir = folder / name
         saved = run_dir / ".hydra" / "config.yaml"
         reused = previous_status(run_dir) in FINAL_STATUSES or (run_dir / CHECKPOINT).exists()
         if reused and saved.exists():
