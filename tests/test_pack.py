@@ -83,7 +83,8 @@ def test_a_pack_of_one_is_a_plain_run_bit_for_bit(tmp_path, dropout, precision):
 # ------------------------------------------------------------------------------------------ packed = alone
 
 ARCHS = {"mha-rope": ["attn=mha", "pos=rope"], "gqa-alibi": ["attn=gqa", "pos=alibi"],
-         "gqa-learned-rms": ["attn=gqa", "pos=learned", "norm=pre_rms"]}
+         "gqa-learned-rms": ["attn=gqa", "pos=learned", "norm=pre_rms"],
+         "ssmax-coupled-rope": ["method=coupled_rope_ssmax"]}  # a per-head gain meeting the keys-seen counts
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -347,6 +347,8 @@ def uniform_kind():
 
 def test_a_pattern_with_a_kind_that_cannot_honour_it_is_refused(uniform_kind):
     assert not UniformAttention.honours_patterns and ATTENTION_KINDS["softmax"].honours_patterns
+    honouring = ", ".join(kind for kind in ATTENTION_KINDS if ATTENTION_KINDS[kind].honours_patterns)
+    assert "softmax" in honouring and "linear" not in honouring
     for name, opts in PATTERNS.items():
         window = opts.get("window")
         cfg = config(kind="uniform", pattern=name, window=window,
@@ -355,11 +357,11 @@ def test_a_pattern_with_a_kind_that_cannot_honour_it_is_refused(uniform_kind):
         if not ATTENTION_PATTERNS[name].sparse:
             assert errors == []
             continue
-        assert errors == [f"attn.pattern={name} needs a kind that honours sparse patterns (softmax); "
+        assert errors == [f"attn.pattern={name} needs a kind that honours sparse patterns ({honouring}); "
                           f"attn.kind=uniform cannot: use attn.pattern=full or attn.kind=softmax"]
     # A window alone (the local preset's way) names the window and its fix.
     assert config(kind="uniform", window=4).errors() == [
-        "attn.window=4 (attn.pattern=window) needs a kind that honours sparse patterns (softmax); "
+        f"attn.window=4 (attn.pattern=window) needs a kind that honours sparse patterns ({honouring}); "
         "attn.kind=uniform cannot: use attn.window=null or attn.kind=softmax"]
 
 

@@ -27,6 +27,19 @@ class AttentionContext:
     # A sparse pattern to compute by its blocked kernel (Pattern.attend); None: the mask says it all.
     blocked: Pattern | None = None
 
+    def keys_seen(self, q_len: int, k_len: int) -> Tensor:
+        """How many keys each of the q_len new queries may attend to, out of k_len: (B|1, 1, Tq, 1).
+        The queries are the last q_len of the keys (self-attention, held keys first)."""
+        device = self.positions.device
+        if self.mask is not None:
+            return torch.isfinite(self.mask).sum(-1, keepdim=True)[:, :1]
+        if self.blocked is not None:
+            index = torch.arange(k_len, device=device)
+            return self.blocked.support(index[-q_len:], index, self.is_causal).sum(-1)[None, None, :, None]
+        if self.is_causal:
+            return torch.arange(k_len - q_len + 1, k_len + 1, device=device)[None, None, :, None]
+        return torch.full((1, 1, q_len, 1), k_len, device=device)
+
 
 def self_attention_context(idx: Tensor, positions: Tensor | None, valid: Tensor | None, cache: DecodingCache | None,
                            scheme: PositionScheme, causal: bool, pattern: Pattern | None,
