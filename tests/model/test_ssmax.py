@@ -45,16 +45,19 @@ def test_a_causal_layer_computes_the_papers_formula_with_n_the_keys_each_query_s
         torch.testing.assert_close(attn(x, ctx), paper_ssmax(attn, x, visible), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_padding_and_windows_count_only_the_keys_left_visible(causal):
+@pytest.mark.parametrize("causal, padded", [(True, True), (False, True), (True, False)],
+                         ids=["causal-window-padded", "padded", "causal-window-blocked"])
+def test_padding_and_windows_count_only_the_keys_left_visible(causal, padded):
     idx = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(2))
     valid = torch.ones(2, 8, dtype=torch.bool)
-    valid[1, :3] = False  # the second row left-padded by 3
+    if padded:
+        valid[1, :3] = False  # the second row left-padded by 3
     attn, ctx = layer_and_context(idx, causal=causal, valid=valid, window=3 if causal else None)
+    assert (ctx.blocked is not None) == (not padded)  # without padding a window takes its blocked kernel
     i, j = torch.arange(8)[:, None], torch.arange(8)[None, :]
     pattern = (j <= i) & (i - j < 3) if causal else torch.ones(8, 8, dtype=torch.bool)
     visible = (pattern[None, None] & valid[:, None, None, :]) | (i == j)
-    assert ctx.keys_seen(8, 8)[:, 0, :, 0].tolist() == visible[:, 0].sum(-1).tolist()
+    torch.testing.assert_close(ctx.keys_seen(8, 8)[:, 0, :, 0].expand(2, 8), visible[:, 0].sum(-1), rtol=0, atol=0)
     x = torch.randn(2, 8, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         out, expected = attn(x, ctx), paper_ssmax(attn, x, visible)

@@ -32,7 +32,7 @@ class AttentionContext:
         The queries are the last q_len of the keys (self-attention, held keys first)."""
         device = self.positions.device
         if self.mask is not None:
-            return torch.isfinite(self.mask).sum(-1, keepdim=True)[:, :1]
+            return torch.isfinite(self.mask[:, :1]).sum(-1, keepdim=True)  # every head sees the same keys
         if self.blocked is not None:
             index = torch.arange(k_len, device=device)
             return self.blocked.support(index[-q_len:], index, self.is_causal).sum(-1)[None, None, :, None]
