@@ -1,7 +1,7 @@
 """What attention needs that is the same for every layer of one pass: positions, the position scheme,
 and one float mask folding causality, the sparse pattern, key padding and a position bias; or, where
 a pattern has a blocked kernel and nothing else is masked, that pattern and no mask at all."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -26,10 +26,17 @@ class AttentionContext:
     k_valid: Tensor | None = None
     # A sparse pattern to compute by its blocked kernel (Pattern.attend); None: the mask says it all.
     blocked: Pattern | None = None
+    # keys_seen's counts, computed by the first layer that asks and shared by the others of the pass.
+    _keys_seen: dict = field(default_factory=dict, repr=False, compare=False)
 
     def keys_seen(self, q_len: int, k_len: int) -> Tensor:
         """How many keys each of the q_len new queries may attend to, out of k_len: (B|1, 1, Tq, 1).
         The queries are the last q_len of the keys (self-attention, held keys first)."""
+        if (q_len, k_len) not in self._keys_seen:
+            self._keys_seen[q_len, k_len] = self._count_keys(q_len, k_len)
+        return self._keys_seen[q_len, k_len]
+
+    def _count_keys(self, q_len: int, k_len: int) -> Tensor:
         device = self.positions.device
         if self.mask is not None:
             return torch.isfinite(self.mask[:, :1]).sum(-1, keepdim=True)  # every head sees the same keys
