@@ -253,7 +253,8 @@ SCHEMA: dict[str, Group] = {
         "precision": Choice(tuple(PRECISIONS), noun="supported", suggest=False,
                             described="32-true (float32), bf16-mixed (bfloat16 matmuls, float32 weights and "
                                       "attention) or 64-true"), "enable_model_summary": Bool(), "num_sanity_val_steps": Int(0),
-        "compile": Bool(), "threads": Nullable(POSITIVE_INT, "the launcher's share of the cores")}),
+        "compile": Bool(), "threads": Nullable(POSITIVE_INT, "the launcher's share of the cores"),
+        "data_workers": Described(Int(0), "an integer >= 0 (0: batches built in the training process)")}),
     "logger": Group({"_target_": Nullable(Choice(LOGGERS), "no logger"), "name": Text(), "project": Text(),
                      "mode": Choice(("offline", "online", "disabled"), "offline, online or disabled", "a W&B mode")}, owner="the logger class (logger._target_)"),
     "diagnostics": Group({

@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset
 
 from blocklab.analysis.metrics import attention_on
 from blocklab.model.generate import generate
-from blocklab.tasks.interface import Task
+from blocklab.tasks.interface import Task, stream_steps
 from blocklab.tasks.placement import STREAMS, Placement
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"  # BOS starts an encoder-decoder's target
@@ -442,8 +442,7 @@ class TrainStream(IterableDataset):
 
     def __iter__(self):
         task = self.task
-        step = self.start_step
-        while True:
+        for step in stream_steps(self.start_step):
             rng = random.Random(f"{task.seed}/{task.name}/train/{step}{rank_suffix()}")
             place_rng = random.Random(f"{task.seed}/{task.name}/train/{step}{rank_suffix()}/placement")
             examples = []
@@ -451,4 +450,3 @@ class TrainStream(IterableDataset):
                 length = rng.randint(task.min_len, task.max_len)
                 examples.append(task.placed(task.sample(rng, length), length, place_rng, training=True))
             yield task.collate(examples)
-            step += 1

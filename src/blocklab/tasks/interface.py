@@ -1,11 +1,23 @@
 """What every task offers training, evaluation and diagnostics, and the registry of tasks by name."""
+import itertools
 from abc import ABC, abstractmethod
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from tokenizers import Tokenizer
 from torch import nn
+from torch.utils.data import get_worker_info
 
 from blocklab.registry import Registry
+
+
+def stream_steps(start_step: int) -> Iterator[int]:
+    """The training steps whose batches this process builds. In the training process, every step from start_step
+    on; in DataLoader worker w of W (trainer.data_workers), steps start_step + w, + w + W, ..., which the loader
+    hands back in turn. A batch is a pure function of (seed, step), so every worker count trains on the same batches."""
+    worker = get_worker_info()
+    if worker is None:
+        return itertools.count(start_step)
+    return itertools.count(start_step + worker.id, worker.num_workers)
 
 
 class Task(ABC):

@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset
 from blocklab.errors import ConfigError
 from blocklab.tasks.base import ddp_rank, device_of, on_device
 from blocklab.tasks.corpus import cache_key, load_corpus, source_key
-from blocklab.tasks.interface import TASKS, Task
+from blocklab.tasks.interface import TASKS, Task, stream_steps
 from blocklab.tasks.tokenizer import tokenizer_errors, train_tokenizer
 
 CACHE_FORMAT = 1
@@ -160,10 +160,8 @@ class RandomWindows(IterableDataset):
     def __iter__(self):
         offsets = torch.arange(self.block_size + 1)
         valid = torch.ones(self.batch_size, self.block_size, dtype=torch.bool)
-        step = self.start_step
-        while True:
+        for step in stream_steps(self.start_step):
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step + 7919 * ddp_rank())
             starts = torch.randint(len(self.ids) - self.block_size, (self.batch_size,), generator=generator)
             windows = self.ids[starts[:, None] + offsets]
             yield {"input": windows[:, :-1], "target": windows[:, 1:], "valid": valid}
-            step += 1

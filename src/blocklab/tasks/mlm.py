@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import IterableDataset
 
 from blocklab.tasks.base import IGNORE, ddp_rank, device_of, model_inputs, on_device
-from blocklab.tasks.interface import TASKS
+from blocklab.tasks.interface import TASKS, stream_steps
 from blocklab.tasks.lm import LMTask, RandomWindows
 
 MASK, CLS, SEP = "[MASK]", "[CLS]", "[SEP]"
@@ -212,12 +212,11 @@ class MaskedWindows(IterableDataset):
         self.windows, self.task = windows, task
 
     def __iter__(self) -> Iterator[dict]:
-        step, seed = self.windows.start_step, self.windows.seed
-        for batch in self.windows:
+        seed = self.windows.seed
+        for step, batch in zip(stream_steps(self.windows.start_step), self.windows):
             generator = torch.Generator().manual_seed(MASK_STREAM + seed * 1_000_003 + step + 7919 * ddp_rank())
             inputs, target = self.task.mask(batch["input"], generator)
             yield {**batch, "input": inputs, "target": target}
-            step += 1
 
 
 class SentencePairs(IterableDataset):
@@ -228,10 +227,9 @@ class SentencePairs(IterableDataset):
         self.task, self.start_step = task, start_step
 
     def __iter__(self) -> Iterator[dict]:
-        task, step = self.task, self.start_step
+        task = self.task
         ids = torch.from_numpy(task.train_ids.astype(np.int64))
         span = task.block_size - 3  # A and B together, besides [CLS] and two [SEP]
-        while True:
+        for step in stream_steps(self.start_step):
             generator = torch.Generator().manual_seed(PAIR_STREAM + task.seed * 1_000_003 + step + 7919 * ddp_rank())
             yield task.pairs(random_spans(ids, task.batch_size, span, generator), ids, generator)
-            step += 1

@@ -40,10 +40,10 @@ LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU availa
 for _logger in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_logger).addFilter(lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER))
 # Trainer-group keys that BlockLab reads itself; the rest are lightning.Trainer's arguments.
-BLOCKLAB_TRAINER_KEYS = ("compile", "threads")
+BLOCKLAB_TRAINER_KEYS = ("compile", "threads", "data_workers")
 # Lightning calls torch's deprecated pytree API on every fit; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-# Batches are generated in the training process in well under a step; loader workers would only add processes.
+# Loader workers are trainer.data_workers, chosen per trainer preset: on 2 cores they would take the training's cores.
 warnings.filterwarnings("ignore", message=r".*does not have many workers which may be a bottleneck.*")
 
 
@@ -113,7 +113,10 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
 
     # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
     # which dropout draws from and the checkpoint carries, exactly where the training steps leave it.
-    train_loader = DataLoader(task.train_batches(start_step or 0), batch_size=None, generator=torch.Generator())
+    # Workers fork: in a joblib job the default start method would pickle the task, and forking needs no re-import.
+    workers = groups["trainer"].get("data_workers") or 0
+    train_loader = DataLoader(task.train_batches(start_step or 0), batch_size=None, generator=torch.Generator(),
+                              num_workers=workers, multiprocessing_context="fork" if workers else None)
     val_loader = DataLoader(task.validation_batches(), batch_size=None, generator=torch.Generator())
     if start_step is not None:
         print(f"resuming {run_dir} from step {start_step}")
