@@ -63,6 +63,24 @@ def test_evaluation_is_randomized_too_and_the_examples_are_those_of_the_plain_ta
     assert copy_task(random_max=64).eval_set(12)[3].streams == randomized_task.eval_set(12)[3].streams
 
 
+def test_randomized_coupled_ids_stay_coupled_and_reach_beyond_the_training_ids():
+    """method=coupled_rope_randomized: the i-th output character keeps the i-th input character's id, in training
+    and evaluation, while the ids themselves spread over [0, random_max), past any plain coupled id."""
+    task = copy_task(coupled=True, random_max=64)
+    sep = task.ids["<sep>"]
+    seen = set()
+    for batch in (b for b, _ in zip(task.train_batches(), range(10))):
+        for tokens, ids in zip(batch["input"].tolist(), batch["positions"].tolist()):
+            n = tokens.index(sep)
+            assert tokens[n + 1:2 * n + 1] == tokens[:n]  # the answer's characters, as fed back
+            assert ids[n + 1:2 * n + 1] == ids[:n] and ids[:n] == sorted(ids[:n]) and len(set(ids[:n])) == n
+            seen.update(ids[:n])
+    assert max(seen) > 40  # plain coupled ids of 2-6 characters stop at 7
+    example = task.eval_set(12)[0]
+    ids = example.streams["positions"]
+    assert ids[:12] == ids[13:25] and len(set(ids[:12])) == 12
+
+
 def test_plain_batches_carry_no_position_streams():
     batch = next(iter(copy_task().train_batches()))
     assert "positions" not in batch and "digit_index" not in batch
