@@ -1,7 +1,6 @@
 """trainer.data_workers: batches built in DataLoader workers are the batches the training process would build,
 in the same order, from any start step, for every kind of training stream."""
 import json
-import random
 
 import pytest
 import torch
@@ -10,25 +9,7 @@ from torch.utils.data import DataLoader
 from blocklab.experiment import Setup
 from blocklab.tasks import build_task
 from conftest import FAST, compose_config, run_cli
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(0)
-    words = ["the cat", "a dog", "my friend", "sees", "eats", "the fish.", "a bone.", "bread."]
-    path = tmp_path_factory.mktemp("corpus") / "text.txt"
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(3)) for _ in range(2000)))
-    return path
-
-
-def text_task(corpus, cache, name, **over):
-    cfg = {"name": name, "data": {"path": str(corpus), "hub": None, "hub_config": None, "text_column": "text",
-                                  "val_fraction": 0.1, "encoding_errors": "strict"},
-           "tokenizer": {"type": "char", "vocab_size": None}, "block_size": 32, "batch_size": 8,
-           "eval_multipliers": [1, 2], "eval_max_tokens": 4096, "cache_dir": str(cache)}
-    if name == "mlm":
-        cfg.update(mask_prob=0.15, mask_token_prob=0.8, random_token_prob=0.1, eval_seed=1234)
-    return build_task({**cfg, **over}, 0)
+from test_mlm import corpus, task_cfg  # noqa: F401 (corpus: the fixture)
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +19,9 @@ def tasks(corpus, tmp_path_factory):
     return {
         "copy": Setup.from_config(compose_config(["task.batch_size=8"])).task,
         "addition-coupled": Setup.from_config(compose_config(coupled)).task,
-        "lm": text_task(corpus, cache, "lm"),
-        "mlm": text_task(corpus, cache, "mlm"),
-        "mlm-nsp": text_task(corpus, cache, "mlm", nsp=True),
+        "lm": build_task(task_cfg(corpus, cache, name="lm"), 0),
+        "mlm": build_task(task_cfg(corpus, cache), 0),
+        "mlm-nsp": build_task(task_cfg(corpus, cache, nsp=True), 0),
     }
 
 
