@@ -269,9 +269,9 @@ def test_configs_that_cannot_pack_say_why():
     assert refusal({"trainer": {**groups["trainer"], "accelerator": "gpu"}}, basic) is None  # packs train on a GPU
     assert "64-true" in refusal({"trainer": {**groups["trainer"], "precision": "64-true"}}, basic)
     assert "compiled" in refusal({"trainer": {**groups["trainer"], "compile": True}}, basic)
-    assert "one after another" in refusal(groups, {"_target_": JOBLIB_LAUNCHER, "n_jobs": -1})
-    assert "one after another" in refusal(groups, {"_target_": "hydra_plugins.hydra_submitit_launcher."
-                                                                "submitit_launcher.LocalLauncher"})
+    assert refusal(groups, {"_target_": JOBLIB_LAUNCHER, "n_jobs": -1}) is None  # packs side by side
+    assert "basic or joblib launcher" in refusal(groups, {"_target_": "hydra_plugins.hydra_submitit_launcher."
+                                                                      "submitit_launcher.SlurmLauncher"})
 
 
 def test_pack_seeds_must_be_a_boolean():
@@ -403,3 +403,146 @@ def test_a_packed_sweep_resumes_after_sigterm_to_what_an_uninterrupted_one_ends_
     keep = ("status", "steps", "final_train_loss", "final_val_loss", "eval", "train_loss_curve")
     assert {n: {k: r[k] for k in keep} for n, r in again.items()} == \
         {n: {k: r[k] for k in keep} for n, r in together.items()}
+
+
+# ------------------------------------------------------------------------------------------ packs side by side
+
+def settings_sweep(sweep_dir, *extra: str) -> list[str]:
+    """Two settings of two seeds each, packed, one thread a job (so the launchers compute alike)."""
+    return [sys.executable, str(ROOT / "train.py"), "-m", "sweep=causal_mask", "seed=0,1", "attn.causal=true,false",
+            "trainer.max_steps=40", "trainer.val_check_interval=20", "checkpoint_every=10", "task.eval_examples=8",
+            "diagnostics=none", "logger=none", "trainer.threads=1", "study.pack_seeds=true",
+            f"hydra.sweep.dir={sweep_dir}", *extra]
+
+
+def test_packs_side_by_side_train_each_seed_once_as_packs_one_after_another_do(tmp_path):
+    one_by_one = run_sweep(settings_sweep(tmp_path / "sequential", "hydra.launcher.n_jobs=1"))
+    assert one_by_one.returncode == 0, one_by_one.stderr[-2000:]
+    beside = run_sweep(settings_sweep(tmp_path / "beside", "hydra.launcher.n_jobs=2"))
+    assert beside.returncode == 0, beside.stderr[-2000:]
+    assert beside.stdout.count("status: completed") == 4  # each seed's results written once: no seed trained twice
+    # The two jobs that do not train find their seed claimed by the pack beside, or finished by it.
+    assert beside.stdout.count("packed: ") + beside.stdout.count("skip ") == 2, beside.stdout[-3000:]
+    sequential, together = finished(tmp_path / "sequential"), finished(tmp_path / "beside")
+    assert sequential.keys() == together.keys() and len(together) == 4
+    for name, results in together.items():
+        assert results["pack"] == {"members": 2, "seeds": [0, 1]} and results["threads"] == 1
+        assert results["beside_other_jobs"] is True and sequential[name]["beside_other_jobs"] is False
+        assert measured(results) == measured(sequential[name])
+
+
+def hold_seed(run_dir, mark: str | None) -> subprocess.Popen:
+    """Another process holding `run_dir`'s seed lock (and marking it claimed by `mark`) until its stdin closes."""
+    code = ("import sys; from blocklab.train.pack_claims import Seed; s = Seed(sys.argv[1]); assert s.take(); "
+            "sys.argv[2] and s.mark(sys.argv[2]); print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir), mark or ""], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_seed_held_by_another_process_is_not_taken_and_its_claim_ends_with_that_process(tmp_path):
+    from blocklab.train.pack_claims import Seed
+
+    run_dir = tmp_path / "seed=0"
+    holder = hold_seed(run_dir, "seeds 0,1, process 1")
+    seed = Seed(run_dir)
+    assert not seed.take() and seed.claimed_by() == "seeds 0,1, process 1"
+    holder.kill()  # killed, not finished: the mark stays, the lock goes with the process
+    holder.wait()
+    assert seed.mark_path.exists() and seed.claimed_by() is None and not seed.mark_path.exists()
+    assert seed.take()
+    assert not Seed(run_dir).take()  # taken by this process's first handle: a second one waits its turn too
+    seed.release()
+    assert Seed(run_dir).take()
+
+
+def test_a_job_waits_for_its_groups_lock_or_for_its_seed_to_be_claimed(tmp_path):
+    from blocklab.train.pack_claims import Claims, Seed, group_lock, wait_for_turn
+
+    mine, other = tmp_path / "seed=0", tmp_path / "seed=1"
+    group = group_lock(mine, "attn.causal=True")
+    assert wait_for_turn(Seed(mine), group) is None and group.fd is not None  # the group was free: this job forms
+    claims = Claims(Seed(mine), group)
+    assert claims.mine.take() and claims.take(other)
+    waiting = Seed(other)
+    assert not waiting.take() and waiting.claimed_by() is None  # taken, not yet claimed: seed 1's job still waits
+    claims.formed("seeds 0,1, process 7")  # the pack is formed: seed 1's job returns at once
+    assert wait_for_turn(waiting, group_lock(other, "attn.causal=True")) == "seeds 0,1, process 7"
+    claims.release()
+    assert waiting.claimed_by() is None and waiting.take()
+    waiting.release()
+
+
+def test_a_pack_that_cannot_form_gives_the_other_seeds_back_and_keeps_its_own(tmp_path):
+    from blocklab.train.pack_claims import Claims, Seed, group_lock
+
+    mine, other, elsewhere = tmp_path / "seed=0", tmp_path / "seed=1", tmp_path / "seed=2"
+    holder = hold_seed(elsewhere, None)  # seed 2 trains alone in another process
+    try:
+        claims = Claims(Seed(mine), group_lock(mine, "g"))
+        assert claims.group.take() and claims.mine.take() and claims.take(other) and not claims.take(elsewhere)
+        claims.alone()
+        assert Seed(mine).take() is False  # this job trains its own seed alone
+        for lock in (Seed(other).lock, group_lock(mine, "g")):  # free for the others' jobs
+            assert lock.take()
+            lock.release()
+        claims.release()
+        assert Seed(mine).take()
+    finally:
+        holder.stdin.close()
+        holder.wait()
+
+
+@pytest.mark.slow  # two sweeps side by side and one resumed (~60 s); the sequential pack's resume is tested above
+def test_packs_side_by_side_resume_after_sigterm_to_what_uninterrupted_ones_end_with(tmp_path):
+    packed, interrupted = tmp_path / "packed", tmp_path / "interrupted"
+    done = run_sweep(settings_sweep(packed, "hydra.launcher.n_jobs=2"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    proc = subprocess.Popen(settings_sweep(interrupted, "hydra.launcher.n_jobs=2"), cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while len(list(interrupted.glob("*/checkpoints/last.ckpt"))) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and "Run the same command again to resume" in err, err[-2000:]
+    assert len(finished(interrupted)) < 4
+    resumed = run_sweep(settings_sweep(interrupted, "hydra.launcher.n_jobs=2"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.stdout.count("resuming") >= 2  # the interrupted pack's members go on from their checkpoints
+    keep = ("status", "steps", "final_train_loss", "final_val_loss", "eval", "train_loss_curve")
+    assert {n: {k: r[k] for k in keep} for n, r in finished(interrupted).items()} == \
+        {n: {k: r[k] for k in keep} for n, r in finished(packed).items()}
+
+
+def test_a_pack_failing_beside_other_jobs_records_the_failure_of_the_seeds_whose_jobs_returned(tmp_path,
+                                                                                               monkeypatch):
+    from omegaconf import OmegaConf
+
+    import blocklab.train.pack as pack_module
+    import blocklab.train.pack_jobs as pack_jobs
+    from blocklab.train.pack_claims import Claims, Seed, group_lock
+
+    def member(seed):
+        return OmegaConf.create({"seed": seed, "run_dir": str(tmp_path / f"seed={seed}"), "task": {"name": "copy"}})
+
+    (tmp_path / "seed=2").mkdir()
+    (tmp_path / "seed=2" / "results.json").write_text(json.dumps({"status": "diverged"}))  # written before the fault
+
+    class Failing:
+        def run(self):
+            raise RuntimeError("out of memory\nmore")
+
+    members = [(member(s), [f"seed={s}"]) for s in (0, 1, 2)]
+    monkeypatch.setattr(pack_jobs, "seed_group", lambda cfg, claims: members)
+    monkeypatch.setattr(pack_jobs, "sweep_tags_and_group", lambda groups: {})
+    monkeypatch.setattr(pack_module, "pack_of", lambda *args: Failing())
+    claims = Claims(Seed(tmp_path / "seed=0"), group_lock(tmp_path / "seed=0", "g"))
+    with pytest.raises(RuntimeError):
+        pack_jobs.pack_group(member(0), lambda cfg: pytest.fail("a formed pack does not train alone"), claims)
+    claims.release()
+    assert read_results(tmp_path / "seed=1") == {"status": "failed", "overrides": ["seed=1"], "task": "copy",
+                                                 "error": "in the pack of its seed group: RuntimeError: out of memory"}
+    assert read_results(tmp_path / "seed=2")["status"] == "diverged"  # a member's final result stays
+    assert not (tmp_path / "seed=0").exists()  # this job's own failure is run_as_sweep_job's to record

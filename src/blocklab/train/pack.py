@@ -45,6 +45,7 @@ from blocklab.train.outcome import choices, outcome
 from blocklab.train.pack_state import (checkpoint, member_optimizer_state, schedule_state, stacked_optimizer_state,
                                        write_checkpoint)
 from blocklab.train.resume import resume_step, set_aside_checkpoints
+from blocklab.train.sweep import INTERRUPTED, beside_other_jobs, cores_per_job, in_sweep
 
 
 @dataclass
@@ -80,7 +81,7 @@ def prepared(cfg: DictConfig) -> Setup:
 
 def build(members: list[Member]) -> None:
     """Each member's module with its own init, exactly as its run alone builds it, on the device it trains on."""
-    use_threads(members[0].setup.groups["trainer"])  # the members differ only in seed
+    use_threads(members[0].setup.groups["trainer"], cores_per_job())  # the members differ only in seed
     device = training_device(members[0].setup.groups["trainer"])
     for m in members:
         groups, task = m.setup.groups, m.setup.task
@@ -186,7 +187,8 @@ class Pack:
 
     # ------------------------------------------------------------------------------ training
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[dict] | None:
+        """Train; the members' results, or None where jobs run side by side and this one was interrupted."""
         self.open()
         start_time = time.perf_counter()
         for m in self.members:
@@ -203,6 +205,9 @@ class Pack:
                         self._save_all(step + 1)
                         print(f"interrupted at step {step + 1}; checkpoints saved in each member's "
                               f"{CHECKPOINT.parent}. Run the same command again to resume.", file=sys.stderr)
+                        if beside_other_jobs():  # the launching process ends the command once every job has saved
+                            INTERRUPTED["received"] = True
+                            return None
                         raise SystemExit(143)
                     if not bool(self.alive.any()):
                         break
@@ -405,8 +410,6 @@ class Pack:
 
 def member_results(m: Member, step: int, k: int, seeds: list[int]) -> dict:
     """results.json of one member, from train/outcome.py as a run alone writes it, plus how it was packed."""
-    from blocklab.train.sweep import in_sweep
-
     results = outcome(m.setup.task, m.lit, m.diverged_at_step, step, m.picked)
     groups = m.setup.groups
     if groups.get("study"):

@@ -1,16 +1,19 @@
 """study.pack_seeds=true: a sweep's jobs that differ only in their seed train together as one pack
-(train/pack.py). With hydra.launcher.n_jobs=1 a sweep's jobs run one after another in one process; the first job of
-such a group to run trains every seed of the group that is not finished, into the directories Hydra gives those
-jobs (the job's override_dirname with its seed changed, named by Hydra's own function), and the group's later
-jobs find their results and are skipped as any finished job is.
+(train/pack.py). The first job of such a group to run trains every seed of the group that is not finished, into
+the directories Hydra gives those jobs (the job's override_dirname with its seed changed, named by Hydra's own
+function). With the jobs one after another (hydra.launcher.n_jobs=1) the group's later jobs find their results
+and are skipped as any finished job is. Side by side (joblib's workers, the default) the jobs agree through
+locks which one trains which seed (train/pack_claims.py): a job whose seed a pack beside it trains returns at
+once, and its worker goes on to the next job, so the packs of different settings train side by side.
 
 Not packed, each seed then running as its own job, as without the option (one note line says why): DDP or
-several devices, a precision other than 32-true and bf16-mixed, trainer.compile, next-sentence prediction, jobs
-side by side (joblib's default, submitit; joblib's is refused before launch), a seed group's members resuming from
-different steps, and models whose members would not compute alone what they compute packed (train/grouped.py
-checks every pack on its first batches: e.g. BatchNorm's statistics over the batch, MoE's routing, performer's and
-linformer's parameters used outside linear, embedding and norm layers)."""
+several devices, a precision other than 32-true and bf16-mixed, trainer.compile, next-sentence prediction, a
+launcher other than the basic one and joblib (submitit), a seed group's members resuming from different steps,
+and models whose members would not compute alone what they compute packed (train/grouped.py checks every pack on
+its first batches: e.g. BatchNorm's statistics over the batch, MoE's routing, performer's and linformer's
+parameters used outside linear, embedding and norm layers)."""
 import copy
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -23,8 +26,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from blocklab.errors import ConfigError
 from blocklab.overrides import command_line_overrides, job_dirname
-from blocklab.results import previous_status, swept_overrides
-from blocklab.train.sweep import FINAL_STATUSES, current_launcher, in_sweep, one_job_at_a_time, sweep_tags_and_group
+from blocklab.results import previous_status, read_results, swept_overrides
+from blocklab.train.pack_claims import Claims, Seed, group_lock, wait_for_turn
+from blocklab.train.sweep import (FINAL_STATUSES, current_launcher, in_sweep, joblib_side_by_side, one_job_at_a_time,
+                                  record_failure, sweep_tags_and_group)
 
 
 def packed_or_alone(alone: Callable[[DictConfig], float | None]) -> Callable[[DictConfig], float | None]:
@@ -33,26 +38,70 @@ def packed_or_alone(alone: Callable[[DictConfig], float | None]) -> Callable[[Di
     def train(cfg: DictConfig) -> float | None:
         if not (in_sweep() and (cfg.get("study") or {}).get("pack_seeds")):
             return alone(cfg)
-        members = seed_group(cfg)
-        if isinstance(members, str):
-            print(f"note: study.pack_seeds: {members}; this seed runs as its own job", file=sys.stderr)
-            return alone(cfg)
-        if len(members) == 1:
-            return alone(cfg)  # the group's other seeds are finished (or resume elsewhere): nothing to pack
-        from blocklab.train.pack import train_pack  # torch-heavy; only where a pack is asked for
+        if not joblib_side_by_side(current_launcher()):
+            return pack_group(cfg, alone, None)
+        return pack_beside_other_jobs(cfg, alone)
+
+    return train
+
+
+def pack_beside_other_jobs(cfg: DictConfig, alone: Callable[[DictConfig], float | None]) -> float | None:
+    """pack_group among jobs side by side: wait for the group's lock or for a pack beside to claim this seed."""
+    run_dir = Path(cfg.run_dir)
+    setting = " ".join(sorted(o for o in HydraConfig.get().overrides.task if _key(o) != "seed"))
+    mine, group = Seed(run_dir), group_lock(run_dir, setting)
+    if by := wait_for_turn(mine, group):
+        print(f"packed: {run_dir.name} trains in the pack beside ({by})")
+        return None
+    claims = Claims(mine, group)
+    try:
+        if not mine.take():  # claimed by the pack whose group lock this job just missed
+            print(f"packed: {run_dir.name} trains in the pack beside")
+            return None
+        if (status := previous_status(run_dir)) in FINAL_STATUSES:  # a pack beside finished it meanwhile
+            print(f"skip {run_dir}: already {status}")
+            return read_results(run_dir).get("final_val_loss")
+        return pack_group(cfg, alone, claims)
+    finally:
+        claims.release()
+
+
+def pack_group(cfg: DictConfig, alone: Callable[[DictConfig], float | None], claims: Claims | None) -> float | None:
+    """Train this job's seed group as one pack (the seeds `claims` can take, when jobs run side by side); or,
+    where it cannot pack, this job's seed alone."""
+    members = seed_group(cfg, claims)
+    if isinstance(members, str):
+        print(f"note: study.pack_seeds: {members}; this seed runs as its own job", file=sys.stderr)
+    pack = None
+    if not isinstance(members, str) and len(members) > 1:
+        from blocklab.train.pack import pack_of  # torch-heavy; only where a pack is asked for
 
         cfgs, overrides = zip(*members)
         group = sweep_tags_and_group(OmegaConf.to_container(cfg, resolve=True))
         groupings = [{**group, "tags": [t[:64] for t in swept_overrides(o)]} if group else {} for o in overrides]
-        results = train_pack(list(cfgs), list(overrides), groupings)
-        if isinstance(results, str):
-            print(f"note: study.pack_seeds: this model cannot be packed ({results}); its seeds run as separate "
-                  "jobs", file=sys.stderr)
-            return alone(cfg)
-        mine = next(r for c, r in zip(cfgs, results) if Path(c.run_dir) == Path(cfg.run_dir))
-        return mine["final_val_loss"]
-
-    return train
+        pack = pack_of(list(cfgs), list(overrides), groupings)
+        if isinstance(pack, str):
+            print(f"note: study.pack_seeds: this model cannot be packed ({pack}); its seeds run as separate jobs",
+                  file=sys.stderr)
+            pack = None
+    if pack is None:  # no pack: this seed alone (the group's other seeds finished, resume elsewhere, or cannot pack)
+        if claims:
+            claims.alone()
+        return alone(cfg)
+    if claims:
+        claims.formed(f"seeds {','.join(str(c.seed) for c in cfgs)}, process {os.getpid()}")
+    try:
+        results = pack.run()
+    except Exception as err:  # this job's failure is recorded by run_as_sweep_job; the others' jobs have returned
+        for member, job in zip(cfgs, overrides):
+            if claims and Path(member.run_dir) != Path(cfg.run_dir) and \
+                    previous_status(Path(member.run_dir)) not in FINAL_STATUSES:
+                record_failure(Path(member.run_dir), err, member.task.name, job, "in the pack of its seed group: ")
+        raise
+    if results is None:  # interrupted beside other jobs: every member's checkpoint is saved
+        return None
+    mine = next(r for c, r in zip(cfgs, results) if Path(c.run_dir) == Path(cfg.run_dir))
+    return mine["final_val_loss"]
 
 
 PACKABLE_PRECISIONS = ("32-true", "32", "bf16-mixed")
@@ -72,9 +121,8 @@ def refusal(groups: dict, launcher: dict) -> str | None:
         return "a pack is not compiled (trainer.compile=true)"
     if (groups.get("task") or {}).get("nsp"):
         return "a pack trains the token loss alone, not next-sentence prediction (task.nsp=true)"
-    if not one_job_at_a_time(launcher):
-        return ("packing needs the jobs one after another (hydra.launcher.n_jobs=1, or hydra/launcher=basic), "
-                f"not side by side ({launcher.get('_target_')})")
+    if not (one_job_at_a_time(launcher) or joblib_side_by_side(launcher)):
+        return f"packs train under Hydra's basic or joblib launcher, not {launcher.get('_target_')}"
     return None
 
 
@@ -92,9 +140,10 @@ def _key(line: str) -> str:
     return line.partition("=")[0]
 
 
-def seed_group(cfg: DictConfig) -> list[tuple[DictConfig, list[str]]] | str:
+def seed_group(cfg: DictConfig, claims: Claims | None = None) -> list[tuple[DictConfig, list[str]]] | str:
     """The jobs of this sweep that differ from this one only in their seed, unfinished and resuming from this
-    job's step, as (config, overrides), in the sweep's order; or why this job trains alone."""
+    job's step, as (config, overrides), in the sweep's order; or why this job trains alone. With `claims` (jobs
+    side by side), only the seeds it can take, and those taken but left out are given back."""
     from blocklab.train.pack import prepared
 
     groups = OmegaConf.to_container(cfg, resolve=True)
@@ -118,12 +167,23 @@ def seed_group(cfg: DictConfig) -> list[tuple[DictConfig, list[str]]] | str:
         seed = OverridesParser.create().parse_override(next(o for o in job if _key(o) == "seed")).value()
         member.seed, member.run_dir = seed, run_dir[:len(run_dir) - len(dirname)] + job_dirname(job, naming)
         if Path(member.run_dir) != Path(run_dir):
-            if previous_status(Path(member.run_dir)) in FINAL_STATUSES:
+            if claims and not claims.take(member.run_dir):
+                continue  # another job trains it
+            if not joins(member, start):
+                if claims:
+                    claims.give_back(member.run_dir)
                 continue
-            try:
-                if prepared(member).start_step != start:
-                    continue  # it resumes from another step: it trains on its own turn
-            except ConfigError:
-                continue  # its own turn records why it cannot run
         members.append((member, job))
     return members
+
+
+def joins(member: DictConfig, start: int | None) -> bool:
+    """Whether another seed of the group trains in this job's pack: unfinished, and resuming from its step."""
+    from blocklab.train.pack import prepared
+
+    if previous_status(Path(member.run_dir)) in FINAL_STATUSES:
+        return False
+    try:
+        return prepared(member).start_step == start  # else it resumes from another step, on its own turn
+    except ConfigError:
+        return False  # its own turn records why it cannot run

@@ -86,8 +86,6 @@ def side_by_side_error(job: dict, launcher: dict) -> str | None:
     fix = "add hydra.launcher.n_jobs=1 to run the jobs one after another"
     if job["trainer"].get("strategy") == "ddp":
         return f"trainer.strategy=ddp starts its own processes, which a job in joblib's workers cannot; {fix}"
-    if (job.get("study") or {}).get("pack_seeds"):
-        return f"study.pack_seeds=true trains a setting's seeds in its first job while the others wait; {fix}"
     return None
 
 
@@ -121,17 +119,22 @@ def run_as_sweep_job(cfg: DictConfig, train: Callable[[DictConfig], float | None
                                 "overrides": job_overrides()})
         return None
     except Exception as err:  # a sweep goes on; the failure is recorded where the results would be
-        message = f"{type(err).__name__}: {err}".splitlines()[0][:500]
-        print(f"error: job {run_dir} failed: {message}", file=sys.stderr)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_results(run_dir, {"status": "failed", "error": message, "task": cfg.task.name,
-                                "overrides": job_overrides()})
+        print(f"error: job {run_dir} failed: {record_failure(run_dir, err, cfg.task.name, job_overrides())}",
+              file=sys.stderr)
         return None
     finally:
         # Lightning's DDP leaves LOCAL_RANK, MASTER_PORT... behind, which would make the next job
         # believe its processes were launched externally and wait for them forever.
         os.environ.clear()
         os.environ.update(environ)
+
+
+def record_failure(run_dir: Path, err: Exception, task: str, overrides: list[str], where: str = "") -> str:
+    """Write a failed job's record where its results would be; returns the one-line error."""
+    message = f"{where}{type(err).__name__}: {err}".splitlines()[0][:500]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_results(run_dir, {"status": "failed", "error": message, "task": task, "overrides": overrides})
+    return message
 
 
 def relaunch_only_this_job(run_dir: Path) -> None:
