@@ -16,6 +16,7 @@ FIELDS = {
     "decode": {"new_tokens"},
     "activations": set(),
     "pack": {"seeds"},
+    "launch": {"sweep"},
     "malloc": set(),
     "kernels": {"device"},
 }
@@ -27,12 +28,15 @@ ROW_FIELDS = {
     "decode": {"attn", "mode", "ms", "tokens_per_s", "kv_cache_bytes"},
     "activations": {"act", "ms", "vs_fastest"},
     "pack": {"seeds", "ms_per_step", "ms_per_seed_step", "vs_one_seed"},
+    "launch": {"way", "s", "runs", "exact_match_in", "final_train_loss", "vs_one_after_another"},
     "malloc": {"threads", "malloc", "ms_per_step", "faults_per_step", "vs_default"},
     "kernels": {"device", "precision", "length", "pos", "kernel", "ms", "vs_nope_auto", "peak_mb"},
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "startup" else n for n in BENCHMARKS])
+# startup and launch start many processes (~1 min each at tiny size)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("startup", "launch") else n
+                                  for n in BENCHMARKS])
 def test_benchmark_runs_at_tiny_size_and_writes_json(name, tmp_path):
     out = tmp_path / "bench.json"
     assert main([name, "--size", "tiny", "--out", str(out)]) == 0
@@ -50,6 +54,12 @@ def test_benchmark_runs_at_tiny_size_and_writes_json(name, tmp_path):
         assert sum(phases.values()) == pytest.approx(s["debug run, default logger (W&B offline): start to exit"],
                                                      abs=0.03)
         assert s["in it: wandb.init"] <= phases["1"] and s["in it: W&B run finish"] <= phases["4"]
+    if name == "launch":  # every way ran the whole sweep and found what the others found
+        assert [row["way"] for row in result["rows"]][1:] == ["jobs side by side", "packs one after another",
+                                                             "packs side by side"]
+        assert {row["runs"] for row in result["rows"]} == {4}
+        assert max(r["final_train_loss"] for r in result["rows"]) - min(r["final_train_loss"] for r in result["rows"]) \
+            < 0.05
     for verdict in result["targets"].values():
         assert {"value", "target", "met", "off_by"} <= set(verdict)
         assert verdict["met"] == (verdict["off_by"] == 0.0)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from blocklab.bench.attention import attention
 from blocklab.bench.kernels import kernels
+from blocklab.bench.launch import launch
 from blocklab.bench.malloc import malloc
 from blocklab.bench.pack import pack
 from blocklab.bench.common import (PlainLoop, attn_presets, baby, baby_choice, baby_config, baby_optim, batches,
@@ -377,7 +378,7 @@ def activations(size: str = "full") -> dict:
 
 
 BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
-              "activations": activations, "pack": pack, "malloc": malloc, "kernels": kernels}
+              "activations": activations, "pack": pack, "launch": launch, "malloc": malloc, "kernels": kernels}
 
 
 def to_json(results: dict) -> str:
