@@ -431,6 +431,18 @@ def test_packs_side_by_side_train_each_seed_once_as_packs_one_after_another_do(t
         assert measured(results) == measured(sequential[name])
 
 
+def test_the_only_pack_of_a_launch_takes_the_cores_of_the_workers_left_idle(tmp_path):
+    from joblib import cpu_count
+
+    command = [arg if arg != "hydra.launcher.n_jobs=1" else "hydra.launcher.n_jobs=-1"
+               for arg in sweep(tmp_path / "one", "logger=none", "study.pack_seeds=true")]
+    done = run_sweep(command)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = finished(tmp_path / "one")
+    assert len(runs) == 2 and all(r["pack"]["members"] == 2 and r["beside_other_jobs"] for r in runs.values())
+    assert {r["threads"] for r in runs.values()} == {cpu_count()}  # one setting: one pack trains, on every core
+
+
 def hold_seed(run_dir, mark: str | None) -> subprocess.Popen:
     """Another process holding `run_dir`'s seed lock (and marking it claimed by `mark`) until its stdin closes."""
     code = ("import sys; from blocklab.train.pack_claims import Seed; s = Seed(sys.argv[1]); assert s.take(); "

@@ -79,9 +79,10 @@ def prepared(cfg: DictConfig) -> Setup:
     return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, setup.groups))
 
 
-def build(members: list[Member]) -> None:
-    """Each member's module with its own init, exactly as its run alone builds it, on the device it trains on."""
-    use_threads(members[0].setup.groups["trainer"], cores_per_job())  # the members differ only in seed
+def build(members: list[Member], packs: int | None = None) -> None:
+    """Each member's module with its own init, exactly as its run alone builds it, on the device it trains on;
+    `packs`: how many packs the launch trains (beside other jobs, they share the cores)."""
+    use_threads(members[0].setup.groups["trainer"], cores_per_job(packs))  # the members differ only in seed
     device = training_device(members[0].setup.groups["trainer"])
     for m in members:
         groups, task = m.setup.groups, m.setup.task
@@ -434,14 +435,15 @@ def train_pack(cfgs: list[DictConfig], overrides: list[list[str]] | None = None,
 
 
 def pack_of(cfgs: list[DictConfig], overrides: list[list[str]] | None = None,
-            groupings: list[dict] | None = None) -> "Pack | str":
-    """The pack of `cfgs`, ready to run, or why they cannot be packed (nothing written either way)."""
+            groupings: list[dict] | None = None, packs: int | None = None) -> "Pack | str":
+    """The pack of `cfgs`, ready to run, or why they cannot be packed (nothing written either way); `packs`: how
+    many packs the launch trains, where jobs run side by side."""
     members = [Member(cfg, overrides[i] if overrides else [], prepared(cfg), groupings[i] if groupings else {})
                for i, cfg in enumerate(cfgs)]
     starts = {m.setup.start_step for m in members}
     if len(starts) > 1:
         return f"the members resume from different steps ({sorted(map(str, starts))})"
-    build(members)
+    build(members, packs)
     if len(members) > 1:
         reason = problem(members)
         if reason:

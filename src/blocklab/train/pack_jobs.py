@@ -79,7 +79,7 @@ def pack_group(cfg: DictConfig, alone: Callable[[DictConfig], float | None], cla
         cfgs, overrides = zip(*members)
         group = sweep_tags_and_group(OmegaConf.to_container(cfg, resolve=True))
         groupings = [{**group, "tags": [t[:64] for t in swept_overrides(o)]} if group else {} for o in overrides]
-        pack = pack_of(list(cfgs), list(overrides), groupings)
+        pack = pack_of(list(cfgs), list(overrides), groupings, settings_in_sweep() if claims else None)
         if isinstance(pack, str):
             print(f"note: study.pack_seeds: this model cannot be packed ({pack}); its seeds run as separate jobs",
                   file=sys.stderr)
@@ -134,6 +134,11 @@ def sweep_jobs_now() -> list[list[str]]:
     parsed = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
     parsed = [o for o in parsed if not o.is_hydra_override()]  # hydra.sweep.dir=...: Hydra's, not a job's
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, max_batch_size=None) for job in batch]
+
+
+def settings_in_sweep() -> int:
+    """How many settings (jobs but their seed) this launch has: with packs side by side, the jobs that train."""
+    return len({frozenset(o for o in job if _key(o) != "seed") for job in sweep_jobs_now()})
 
 
 def _key(line: str) -> str:
