@@ -549,6 +549,7 @@ def test_a_pack_failing_beside_other_jobs_records_the_failure_of_the_seeds_whose
     members = [(member(s), [f"seed={s}"]) for s in (0, 1, 2)]
     monkeypatch.setattr(pack_jobs, "seed_group", lambda cfg, claims: members)
     monkeypatch.setattr(pack_jobs, "sweep_tags_and_group", lambda groups: {})
+    monkeypatch.setattr(pack_jobs, "settings_in_sweep", lambda: 1)
     monkeypatch.setattr(pack_module, "pack_of", lambda *args: Failing())
     claims = Claims(Seed(tmp_path / "seed=0"), group_lock(tmp_path / "seed=0", "g"))
     with pytest.raises(RuntimeError):
