@@ -415,14 +415,27 @@ def settings_sweep(sweep_dir, *extra: str) -> list[str]:
             f"hydra.sweep.dir={sweep_dir}", *extra]
 
 
-def test_packs_side_by_side_train_each_seed_once_as_packs_one_after_another_do(tmp_path):
-    one_by_one = run_sweep(settings_sweep(tmp_path / "sequential", "hydra.launcher.n_jobs=1"))
-    assert one_by_one.returncode == 0, one_by_one.stderr[-2000:]
-    beside = run_sweep(settings_sweep(tmp_path / "beside", "hydra.launcher.n_jobs=2"))
+def test_packs_side_by_side_train_each_seed_once(tmp_path):
+    from joblib import cpu_count
+
+    command = [arg for arg in settings_sweep(tmp_path / "beside", "hydra.launcher.n_jobs=2") if arg != "trainer.threads=1"]
+    beside = run_sweep(command)
     assert beside.returncode == 0, beside.stderr[-2000:]
     assert beside.stdout.count("status: completed") == 4  # each seed's results written once: no seed trained twice
     # The two jobs that do not train find their seed claimed by the pack beside, or finished by it.
     assert beside.stdout.count("packed: ") + beside.stdout.count("skip ") == 2, beside.stdout[-3000:]
+    together = finished(tmp_path / "beside")
+    assert len(together) == 4 and all(r["pack"] == {"members": 2, "seeds": [0, 1]} for r in together.values())
+    # Two packs on two workers: each takes half the cores.
+    assert {r["threads"] for r in together.values()} == {max(1, cpu_count() // 2)}
+
+
+@pytest.mark.slow  # two sweeps (~50 s); test_packs_side_by_side_train_each_seed_once covers the launch in the default run
+def test_packs_side_by_side_end_as_packs_one_after_another_do(tmp_path):
+    one_by_one = run_sweep(settings_sweep(tmp_path / "sequential", "hydra.launcher.n_jobs=1"))
+    assert one_by_one.returncode == 0, one_by_one.stderr[-2000:]
+    beside = run_sweep(settings_sweep(tmp_path / "beside", "hydra.launcher.n_jobs=2"))
+    assert beside.returncode == 0, beside.stderr[-2000:]
     sequential, together = finished(tmp_path / "sequential"), finished(tmp_path / "beside")
     assert sequential.keys() == together.keys() and len(together) == 4
     for name, results in together.items():
