@@ -9,7 +9,6 @@ folder, which the operating system releases when the process holding them ends, 
 The group lock is released once the pack is formed, so a seed of the group that was not free (it resumes from
 another step, or a job trains it alone) forms a pack of its own. A pack that cannot form (the model cannot be
 packed) releases everything but its own seed, which then trains alone, and so do the others, each in its own job."""
-import fcntl
 import hashlib
 import os
 import time
@@ -26,6 +25,8 @@ class Lock:
         self.path, self.fd = path, None
 
     def take(self) -> bool:
+        import fcntl  # POSIX: imported here so that importing a run does not need it
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -37,6 +38,8 @@ class Lock:
         return True
 
     def release(self) -> None:
+        import fcntl
+
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
