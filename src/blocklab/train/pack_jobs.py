@@ -48,7 +48,7 @@ def packed_or_alone(alone: Callable[[DictConfig], float | None]) -> Callable[[Di
 def pack_beside_other_jobs(cfg: DictConfig, alone: Callable[[DictConfig], float | None]) -> float | None:
     """pack_group among jobs side by side: wait for the group's lock or for a pack beside to claim this seed."""
     run_dir = Path(cfg.run_dir)
-    setting = " ".join(sorted(o for o in HydraConfig.get().overrides.task if _key(o) != "seed"))
+    setting = " ".join(setting_of(HydraConfig.get().overrides.task))
     mine, group = Seed(run_dir), group_lock(run_dir, setting)
     if by := wait_for_turn(mine, group):
         print(f"packed: {run_dir.name} trains in the pack beside ({by})")
@@ -138,11 +138,16 @@ def sweep_jobs_now() -> list[list[str]]:
 
 def settings_in_sweep() -> int:
     """How many settings (jobs but their seed) this launch has: with packs side by side, the jobs that train."""
-    return len({frozenset(o for o in job if _key(o) != "seed") for job in sweep_jobs_now()})
+    return len({setting_of(job) for job in sweep_jobs_now()})
 
 
 def _key(line: str) -> str:
     return line.partition("=")[0]
+
+
+def setting_of(job) -> tuple[str, ...]:
+    """A job's overrides but its seed, in order: what the jobs of one seed group share."""
+    return tuple(sorted(o for o in job if _key(o) != "seed"))
 
 
 def seed_group(cfg: DictConfig, claims: Claims | None = None) -> list[tuple[DictConfig, list[str]]] | str:
@@ -158,8 +163,7 @@ def seed_group(cfg: DictConfig, claims: Claims | None = None) -> list[tuple[Dict
     mine = list(HydraConfig.get().overrides.task)
     if not any(_key(o) == "seed" for o in mine):
         return "the sweep does not vary seed"
-    rest = sorted(o for o in mine if _key(o) != "seed")
-    jobs = [job for job in sweep_jobs_now() if sorted(o for o in job if _key(o) != "seed") == rest]
+    jobs = [job for job in sweep_jobs_now() if setting_of(job) == setting_of(mine)]
     dirname, run_dir = HydraConfig.get().job.override_dirname, str(cfg.run_dir)
     naming = HydraConfig.get().job.config.override_dirname
     if sorted(mine) not in [sorted(job) for job in jobs] or job_dirname(mine, naming) != dirname \
