@@ -473,6 +473,8 @@ def test_a_seed_held_by_another_process_is_not_taken_and_its_claim_ends_with_tha
     holder = hold_seed(run_dir, "seeds 0,1, process 1")
     seed = Seed(run_dir)
     assert not seed.take() and seed.claimed_by() == "seeds 0,1, process 1"
+    seed.release()  # a job that lost its seed to the pack beside (and returns) leaves that pack's claim alone
+    assert seed.claimed_by() == "seeds 0,1, process 1"
     holder.kill()  # killed, not finished: the mark stays, the lock goes with the process
     holder.wait()
     assert seed.mark_path.exists() and seed.claimed_by() is None and not seed.mark_path.exists()

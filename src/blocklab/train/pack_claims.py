@@ -79,8 +79,10 @@ class Seed:
         return by
 
     def release(self) -> None:
-        self.mark_path.unlink(missing_ok=True)
-        self.lock.release()
+        """Give the seed up, if this handle holds it: a mark written by the job that does stays."""
+        if self.lock.fd is not None:
+            self.mark_path.unlink(missing_ok=True)
+            self.lock.release()
 
 
 def group_lock(run_dir: Path, group: str) -> Lock:
