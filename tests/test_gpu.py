@@ -89,32 +89,6 @@ def test_evaluation_on_the_gpu_scores_what_it_scores_on_the_cpu(task):
         assert b.get("exact_match") == a.get("exact_match")
 
 
-def _pack_history(tmp_path, overrides, seeds, tag):
-    from blocklab.train.pack import pack_of
-
-    pack = pack_of([compose_config([*overrides, f"seed={s}"], tmp_path / f"{tag}{s}") for s in seeds])
-    pack.run()
-    return torch.tensor(pack.history)
-
-
-@pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
-@pytest.mark.parametrize("precision, rtol", [("32-true", 1e-4), ("bf16-mixed", 1e-2)])
-@pytest.mark.parametrize("arch", [["attn=mha", "pos=rope"], ["attn=gqa", "pos=alibi"]])
-def test_packed_members_on_the_gpu_train_as_each_seed_alone(tmp_path, precision, rtol, arch):
-    """A pack on the GPU: each member's per-step losses are its own run's (alone: a pack of one, a plain run) to
-    the precision's round-off; every member evaluates on the GPU and says so."""
-    overrides = ["logger=none", "diagnostics=none", "task.eval_examples=16", "task.eval_lengths=[4,16,20]",
-                 "trainer=gpu", f"trainer.precision={precision}", "trainer.max_steps=20",
-                 "trainer.val_check_interval=20", *arch]
-    packed = _pack_history(tmp_path, overrides, (0, 1, 2), "p")
-    alone = torch.cat([_pack_history(tmp_path, overrides, (s,), "alone") for s in (0, 1, 2)], dim=1)
-    assert packed.shape == alone.shape == (20, 3)
-    assert torch.allclose(packed, alone, rtol=rtol, atol=0)
-    for seed in (0, 1, 2):
-        results = read_results(tmp_path / f"p{seed}")
-        assert results["pack"]["members"] == 3 and torch.cuda.get_device_name(0) in results["machine"]
-
-
 @pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 @pytest.mark.parametrize("pos", ["t5_bias", "fire"])
 def test_a_trained_bias_takes_the_memory_efficient_kernel_on_the_gpu(pos):

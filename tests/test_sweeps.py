@@ -190,6 +190,30 @@ def test_a_launch_that_would_reuse_a_job_trained_otherwise_or_mix_scales_is_refu
         check_sweep_jobs([*job, "study.scale=2"])
 
 
+def test_a_job_folder_written_by_a_packed_sweep_resumes_and_is_reused(tmp_path):
+    """Seed packing is gone (docs/decisions/seed-packing.md), but folders its sweeps wrote saved study.pack_seeds in
+    their config: an interrupted job resumes from its checkpoint, and a finished one is still skipped as finished."""
+    import torch
+
+    from blocklab.results import write_results
+    from blocklab.train.sweep import check_sweep_jobs
+
+    folder = tmp_path / "sweep"
+    job = ["sweep=pe_copy", "pos=rope", "seed=0"]
+    run_dir = folder / "pos=rope,seed=0"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / "checkpoints").mkdir()
+    config = compose_config(job)
+    config.run_dir = str(run_dir)  # a job folder's name holds `=`, which an override's value cannot
+    saved = OmegaConf.to_container(config, resolve=True)
+    saved["study"]["pack_seeds"] = True
+    OmegaConf.save(OmegaConf.create(saved), run_dir / ".hydra" / "config.yaml")
+    torch.save({"global_step": 7}, run_dir / "checkpoints" / "last.ckpt")
+    assert prepare(config).start_step == 7
+    write_results(run_dir, {"status": "completed"})
+    assert check_sweep_jobs([*job, f"hydra.sweep.dir={folder}"]) == 1
+
+
 def test_the_sweep_check_composes_each_jobs_config_as_hydra_would(tmp_path):
     """Jobs that differ only in seed share one composition in the pre-launch check: each job's config must still
     equal its own composition, a value that interpolates the seed included."""

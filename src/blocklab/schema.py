@@ -184,9 +184,6 @@ class Study(Spec):
                                         and all(isinstance(m, str) and m for m in metrics)):
             return (f"{key}.metrics={metrics!r} must be a non-empty list of result columns, "
                     "e.g. [exact_match_in, final_val_loss]")
-        pack = value.get("pack_seeds", False) if isinstance(value, dict) else False
-        if not isinstance(pack, bool):
-            return f"{key}.pack_seeds={pack!r} must be true (train each setting's seeds together) or false"
         return super().error(key, value)
 
 

@@ -240,3 +240,35 @@ class PlainLoop:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.schedule.step()
+
+
+def default_copy_step(size: str):
+    """A function that trains the default copy model (`python train.py`'s) one step a call, as its run does but
+    without Lightning, loggers, diagnostics or checkpoints: the task's next training batch, loss, backward, clipping
+    at trainer.gradient_clip_val, AdamW at the schedule's rate. tiny: a smaller model for a smoke test."""
+    from hydra import compose, initialize_config_dir
+
+    from blocklab.experiment import Setup
+    from blocklab.train.module import LitTransformer, build_optimizer, lr_factor
+
+    overrides = ["logger=none", "diagnostics=none", "run_dir=unused"]
+    if size == "tiny":
+        overrides += ["model.d_model=32", "model.n_layers=1", "task.batch_size=8", "task.max_len=8"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        setup = Setup.from_config(compose(config_name="config", overrides=overrides))
+    optim, trainer = setup.groups["optim"], setup.groups["trainer"]
+    lit = LitTransformer(setup.model_cfg, optim)
+    opt = build_optimizer(lit.model, optim)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
+        s, optim["warmup_steps"], trainer["max_steps"], optim["min_lr"] / optim["lr"]))
+    stream, clip = iter(setup.task.train_batches(0)), trainer.get("gradient_clip_val")
+
+    def step():
+        lit.batch_loss(next(stream)).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(lit.model.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        schedule.step()
+
+    return step

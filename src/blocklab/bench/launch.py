@@ -1,8 +1,7 @@
 """`python -m blocklab.bench launch`: one whole sweep as a user launches it (`python train.py -m sweep=causal_mask
-logger=none`: 2 settings x 3 seeds), four ways, each a fresh process writing a fresh folder, back to back:
+logger=none`: 2 settings x 3 seeds), two ways, each a fresh process writing a fresh folder, back to back:
 - jobs one after another (`hydra.launcher.n_jobs=1`, every core each; how sweeps ran before any throughput work),
-- jobs side by side (the default: joblib, an even share of the cores each),
-- packs one after another and packs side by side (`study.pack_seeds=true`, each setting's seeds one batched model).
+- jobs side by side (the default: joblib, an even share of the cores each).
 It prints each way's wall time, its speed-up over one after another, and its results (mean exact match on the
 trained lengths, mean final training loss), which must agree within seed noise. Where torch sees a GPU, the
 sweep runs on it (`trainer=gpu`). Whole sweeps cannot be interleaved in one process: run it twice to see how
@@ -24,8 +23,6 @@ TARGET = 2.0  # the issue's: the default sweeps' total time falls by at least 2x
 WAYS = {
     "jobs one after another": ["hydra.launcher.n_jobs=1"],
     "jobs side by side": [],
-    "packs one after another": ["study.pack_seeds=true", "hydra.launcher.n_jobs=1"],
-    "packs side by side": ["study.pack_seeds=true"],
 }
 
 

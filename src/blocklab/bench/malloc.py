@@ -15,28 +15,24 @@ from blocklab.hardware import MMAP_THRESHOLD_MAX, TRIM_THRESHOLD
 VARIANTS = ("default", "kept")
 
 _STEPS = """
-import json, resource, sys, tempfile, time
-from pathlib import Path
+import json, resource, sys, time
 import torch
 variant, size, threads, warmup, chunks, steps = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
 if variant == "kept":
     from blocklab.hardware import keep_freed_memory
     assert keep_freed_memory(), "glibc's mallopt refused the setting"
 torch.set_num_threads(threads)
-from blocklab.bench.pack import configs, default_copy
-from blocklab.train.pack import pack_of
-with tempfile.TemporaryDirectory() as tmp:  # the run directory a pack writes its config to
-    pack = pack_of(configs(1, default_copy(size), Path(tmp)))
-    pack.open()
-    for step in range(warmup):
-        pack.train_step(step)
-    faults, ms = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
-    for chunk in range(chunks):
-        start = time.perf_counter()
-        for step in range(warmup + chunk * steps, warmup + (chunk + 1) * steps):
-            pack.train_step(step)
-        ms.append(1000 * (time.perf_counter() - start) / steps)
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (chunks * steps)
+from blocklab.bench.common import default_copy_step
+train_step = default_copy_step(size)
+for _ in range(warmup):
+    train_step()
+faults, ms = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, []
+for chunk in range(chunks):
+    start = time.perf_counter()
+    for _ in range(steps):
+        train_step()
+    ms.append(1000 * (time.perf_counter() - start) / steps)
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (chunks * steps)
 print(json.dumps({"ms": min(ms), "faults_per_step": faults}))
 """
 

@@ -18,7 +18,6 @@ from blocklab.bench.attention import attention
 from blocklab.bench.kernels import kernels
 from blocklab.bench.launch import launch
 from blocklab.bench.malloc import malloc
-from blocklab.bench.pack import pack
 from blocklab.bench.common import (PlainLoop, attn_presets, baby, baby_choice, baby_config, baby_optim, batches,
                                    interleaved, matmul_peak_gflops, nanogpt_step, train_flops, verdict)
 from blocklab.model import build_model
@@ -378,7 +377,7 @@ def activations(size: str = "full") -> dict:
 
 
 BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
-              "activations": activations, "pack": pack, "launch": launch, "malloc": malloc, "kernels": kernels}
+              "activations": activations, "launch": launch, "malloc": malloc, "kernels": kernels}
 
 
 def to_json(results: dict) -> str:

@@ -40,7 +40,6 @@ class ScalableSoftmaxAttention(SoftmaxAttention):
 
     def _attend(self, q, k, v, ctx):
         log_n = ctx.keys_seen(q.shape[-2], k.shape[-2])[:, 0].to(q.dtype).log()  # (B|1, Tq, 1)
-        # The parameter meets the activation in one elementwise product (which a seed pack can stack),
-        # then the heads move to dim 1.
+        # The parameter meets the activation in one elementwise product, then the heads move to dim 1.
         gain = (log_n * self.length_gain).transpose(1, 2).unsqueeze(-1)  # (B|1, H, Tq, 1)
         return super()._attend((q * gain).to(q.dtype), k, v, ctx)

@@ -11,6 +11,10 @@ from blocklab.errors import ConfigError
 from blocklab.overrides import job_name_excluded_keys, override_key
 from blocklab.results import CHECKPOINT, flatten
 
+# Keys BlockLab had and removed, which never changed what a run computes: a run saved with them still resumes.
+# study.pack_seeds trained a setting's seeds as one batched model (docs/decisions/seed-packing.md).
+RETIRED_KEYS = frozenset({"study.pack_seeds"})
+
 
 def changes_results(key: str) -> bool:
     """Whether a config key (`optim.lr`) can change what a run computes, so that changing it refuses a resume.
@@ -19,7 +23,8 @@ def changes_results(key: str) -> bool:
     Configs are compared resolved, so a listed knob that other keys derive from (study.scale) still refuses
     through them (trainer.max_steps). Hydra's own settings are not in the config."""
     parts = key.split(".")
-    return not any(".".join(parts[:depth]) in job_name_excluded_keys() for depth in range(1, len(parts) + 1))
+    return key not in RETIRED_KEYS and not any(".".join(parts[:depth]) in job_name_excluded_keys()
+                                               for depth in range(1, len(parts) + 1))
 
 
 def config_differences(saved: dict, current: dict, set_now: frozenset[str] = frozenset()) -> list[str]:

@@ -25,7 +25,6 @@ from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_loggers, check_loggers, log_results
 from blocklab.train.module import LitTransformer
 from blocklab.train.outcome import choices, outcome
-from blocklab.train.pack_jobs import packed_or_alone
 from blocklab.train.resume import resume_step, set_aside_checkpoints
 from blocklab.train.sweep import (INTERRUPTED, beside_other_jobs, cores_per_job, in_sweep, job_overrides,
                                   relaunch_only_this_job, run_as_sweep_job, sweep_tags_and_group)
@@ -66,10 +65,9 @@ def prepare(cfg: DictConfig) -> Setup:
 
 def run(cfg: DictConfig) -> float | None:
     """Train and evaluate one configuration. Inside a sweep, finished jobs are skipped and a failing
-    job is recorded as failed without stopping the sweep; a single run fails loudly. With study.pack_seeds, a
-    sweep job trains the seeds of its group together (train/pack_jobs.py)."""
+    job is recorded as failed without stopping the sweep; a single run fails loudly."""
     keep_freed_memory()  # in this process: a sweep's workers run each job here too
-    return run_as_sweep_job(cfg, packed_or_alone(train_and_evaluate))
+    return run_as_sweep_job(cfg, train_and_evaluate)
 
 
 def train_and_evaluate(cfg: DictConfig) -> float | None:

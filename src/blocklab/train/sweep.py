@@ -57,16 +57,15 @@ def share_of_cores(cores: int, n_jobs: int, jobs: int | None) -> int:
     return max(1, cores // min(workers, jobs or workers))
 
 
-def cores_per_job(trainers: int | None = None) -> int | None:
+def cores_per_job() -> int | None:
     """This job's share of the cores when it runs in a joblib worker beside others (None otherwise): joblib's own
-    share assumes n_jobs jobs at once, which a launch of fewer jobs never reaches. `trainers`: how many of the
-    launch's jobs train at all (packs: one per setting), where not all of them do."""
+    share assumes n_jobs jobs at once, which a launch of fewer jobs never reaches."""
     launcher = current_launcher() if in_sweep() else {}
     if not joblib_side_by_side(launcher):
         return None
     from joblib import cpu_count  # the cores this process may use (affinity, cgroup quota), as joblib counts
 
-    jobs = trainers or os.environ.get(SWEEP_JOBS_ENV)
+    jobs = os.environ.get(SWEEP_JOBS_ENV)
     return share_of_cores(cpu_count(), int(launcher.get("n_jobs", -1)), int(jobs) if jobs else None)
 
 
