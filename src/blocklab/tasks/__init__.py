@@ -1,7 +1,7 @@
 """Tasks by name (the Task interface in tasks/interface.py). `build_task` validates the task
 config first and raises ConfigError."""
 from blocklab.errors import ConfigError
-from blocklab.tasks.interface import TASKS, Task
+from blocklab.tasks.interface import MAX_SEQ_LEN, TASKS, Task
 from blocklab.tasks.placement import Placement
 # Importing a task module registers it; this order is the order error messages list them in.
 from blocklab.tasks.copy import CopyTask
@@ -13,9 +13,10 @@ from blocklab.tasks.mlm import MLMTask
 from blocklab.tasks.brackets import BracketsTask
 from blocklab.tasks.count import CountTask
 from blocklab.tasks.maximum import MaxTask
+from blocklab.tasks.mqar import MQARTask
 
 __all__ = ["TASKS", "Task", "CopyTask", "AdditionTask", "LMTask", "PeriodicTask", "KeyedTask", "MLMTask",
-           "BracketsTask", "CountTask", "MaxTask", "build_task", "task_errors"]
+           "BracketsTask", "CountTask", "MaxTask", "MQARTask", "build_task", "task_errors"]
 
 
 def task_errors(cfg: dict, seq2seq: bool = False, placement: Placement = Placement(),
@@ -55,6 +56,10 @@ def build_task(cfg: dict, seed: int, seq2seq: bool = False, placement: Placement
     if placement != Placement():
         options["placement"] = placement
     task = TASKS[cfg["name"]](seed=seed, **options)
+    if task.max_seq_len > MAX_SEQ_LEN:  # before any example is built: that alone would take minutes
+        raise ConfigError(f"task={cfg['name']} would build sequences of {task.max_seq_len} tokens ({task.length_keys}), "
+                          f"past the {MAX_SEQ_LEN} BlockLab builds (tasks.interface.MAX_SEQ_LEN: longer ones take "
+                          f"minutes to build and gigabytes of attention scores); ask for shorter ones")
     errors = task.placement_errors() if task.places_tokens else []
     if errors:
         raise ConfigError("\n".join(errors))
