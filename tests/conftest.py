@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from blocklab.cli import CONF_DIR
+from blocklab.paths import CONF_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tokenized corpora go to a per-session folder, never the user's cache.

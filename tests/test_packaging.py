@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import blocklab
-from blocklab.cli import CONF_DIR
+from blocklab.paths import CONF_DIR
 from conftest import ROOT
 
 
@@ -70,7 +70,7 @@ def test_installed_wheel_trains_analyzes_reports_and_benchmarks_from_anywhere(wh
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         return proc
 
-    where = run("-I", "-c", "import blocklab, blocklab.cli; print(blocklab.__file__); print(blocklab.cli.CONF_DIR)")
+    where = run("-I", "-c", "import blocklab, blocklab.paths; print(blocklab.__file__); print(blocklab.paths.CONF_DIR)")
     package_file, conf_dir = where.stdout.split()
     assert Path(package_file).is_relative_to(venv) and Path(conf_dir).is_relative_to(venv)
 

@@ -24,7 +24,7 @@ def analyze_init(overrides: list[str], out: Path) -> list[Path]:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from blocklab.cli import CONF_DIR  # the packaged config groups
+    from blocklab.paths import CONF_DIR  # the packaged config groups
     from blocklab.experiment import Setup
     from blocklab.model import build_model
 

@@ -9,10 +9,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from blocklab.errors import ConfigError, exit_on
+from blocklab.paths import CONF_DIR
 from blocklab.startup import uncollected_imports
-
-# The config groups, wherever the package is installed (for Hydra's compose API: analyze, bench, tests).
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def main() -> None:

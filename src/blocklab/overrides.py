@@ -20,7 +20,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from blocklab.cli import CONF_DIR
+from blocklab.paths import CONF_DIR
 from blocklab.schema import schema_errors
 
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from blocklab.cli import CONF_DIR
+from blocklab.paths import CONF_DIR
 from blocklab.model import ModelConfig, build_model
 
 # nanoGPT's CPU "baby GPT" is conf/experiment/nanogpt_baby.yaml (4 layers, 4 heads, d_model 128, block 64,

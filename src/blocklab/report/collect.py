@@ -5,7 +5,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from blocklab.cli import CONF_DIR
+from blocklab.paths import CONF_DIR
 from blocklab.results import RESULTS_FILE, flatten, swept_overrides
 
 HIGHER_IS_BETTER = {"exact_match", "exact_match_given_length", "read_attention", "exact_match_in", "exact_match_out",

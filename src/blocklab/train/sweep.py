@@ -215,7 +215,7 @@ def check_sweep_jobs(overrides: list[str]) -> int:
     mix scales in one folder, or reuse a finished or interrupted job trained with another config, is refused."""
     from hydra import compose, initialize_config_dir
 
-    from blocklab.cli import CONF_DIR
+    from blocklab.paths import CONF_DIR
     from blocklab.experiment import config_errors
     from blocklab.overrides import names_the_job, sweep_jobs
 
