@@ -5,6 +5,11 @@ class ConfigError(ValueError):
     """A bad config or data input, detected before any work. The message names the key and the fix."""
 
 
+class RunFolderError(ConfigError):
+    """A run folder that is damaged or owned by another process: refused, and nothing is written to it (a sweep
+    records no result for such a job either, so the folder stays as the user left it)."""
+
+
 def exit_on(error: str | None) -> None:
     """A command line's refusal: each line of `error` as "error: ..." on stderr, then exit 2; nothing when None."""
     if error is not None:

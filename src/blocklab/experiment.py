@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
+from blocklab.checkpoint import load_checkpoint
 from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.transformer import ARCHITECTURES
@@ -69,6 +70,10 @@ def _model_config(groups: dict, task: Task, placement: Placement) -> ModelConfig
                                    max_len=placement.max_position(task.max_seq_len), segments=task.segments)
 
 
+# The groups a saved config must hold for its run to be rebuilt (generate, analyze).
+RUN_GROUPS = ("model", "pos", "task")
+
+
 @dataclass
 class Setup:
     groups: dict  # the resolved config, a plain dict per group
@@ -96,8 +101,16 @@ class Setup:
         error = unfinished_run_error(run_dir)
         if error:
             raise ConfigError(error)
-        groups = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
-        model_cfg = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text()))
+        try:
+            groups = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
+            if not isinstance(groups, dict) or not all(isinstance(groups.get(g), dict) for g in RUN_GROUPS):
+                raise ValueError(f"not a config with the groups {', '.join(RUN_GROUPS)}")
+        except Exception as err:  # truncated or flipped YAML, or a config that lost a group
+            raise ConfigError(damaged(run_dir / SAVED_CONFIG, err)) from None
+        try:
+            model_cfg = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text()))
+        except Exception as err:  # not JSON, or not a model config BlockLab wrote
+            raise ConfigError(damaged(run_dir / MODEL_FILE, err)) from None
         task = build_task(groups["task"], groups["seed"], is_seq2seq(groups["model"]["arch"]),
                           Placement.from_pos(groups["pos"])) if with_task else None
         return cls(groups, model_cfg, run_dir, task)
@@ -117,9 +130,24 @@ class Setup:
     def trained_model(self) -> torch.nn.Module:
         """The model with the weights of the run's last checkpoint, in eval mode."""
         model = build_model(self.model_cfg)
-        state = torch.load(self.run_dir / CHECKPOINT, map_location="cpu", weights_only=True)["state_dict"]
-        model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+        path = self.run_dir / CHECKPOINT
+        state = load_checkpoint(path, "it cannot be used; train the run again in a new hydra.run.dir")["state_dict"]
+        try:
+            model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+        except RuntimeError:  # missing, extra or reshaped weights
+            raise ConfigError(f"checkpoint {path} does not fit the model that {self.run_dir / MODEL_FILE} "
+                              "describes; one of the two is damaged or from another run") from None
         return model.eval()
 
     def saved_tokenizer(self) -> Tokenizer:
-        return Tokenizer.from_file(str(self.run_dir / TOKENIZER_FILE))
+        try:
+            return Tokenizer.from_file(str(self.run_dir / TOKENIZER_FILE))
+        except Exception as err:  # the tokenizers library raises its own exception type for a bad file
+            raise ConfigError(damaged(self.run_dir / TOKENIZER_FILE, err)) from None
+
+
+def damaged(path: Path, err: Exception) -> str:
+    """One line for a run file that cannot be read: which file, and what the user can do."""
+    return (f"{path} is unreadable or damaged ({type(err).__name__}); restore it from a copy of the run, or "
+            "train the run again in a new hydra.run.dir")
+

@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from blocklab.errors import ConfigError
+from blocklab.errors import ConfigError, RunFolderError
 from blocklab.overrides import names_the_job
 
 # What every run directory holds besides results.json: enough to rebuild and use the model.
@@ -71,14 +71,19 @@ def read_results(run_dir: Path) -> dict:
 
 
 def previous_status(run_dir: Path) -> str | None:
-    """The status a run directory's results record, None where there are none yet."""
+    """The status a run directory's results record, None where there are none yet. Results that cannot be read,
+    or that record no known status, are damage: a RunFolderError, never a reason to train or evaluate again."""
     path = run_dir / RESULTS_FILE
     if not path.exists():
         return None
     try:
-        return read_results(run_dir).get("status")
-    except (OSError, ValueError):
-        return "failed"  # unreadable: treat as unfinished
+        status = read_results(run_dir).get("status")
+    except (OSError, ValueError, AttributeError) as err:  # truncated, not UTF-8 or JSON, not an object
+        status = err
+    if status not in (*STATUSES, "invalid"):
+        raise RunFolderError(f"{path} is damaged (not a results file BlockLab wrote); delete it to evaluate the "
+                             "run again from its checkpoint, or choose a new hydra.run.dir")
+    return status
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

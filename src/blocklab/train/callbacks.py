@@ -5,6 +5,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
+from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY
 from blocklab.results import console_kwargs
 from blocklab.train.sweep import beside_other_jobs
 
@@ -21,6 +22,26 @@ class DivergenceGuard(Callback):
         if not math.isfinite(loss) or (self.max_loss is not None and loss > self.max_loss):
             self.diverged_at_step = trainer.global_step
             trainer.should_stop = True
+
+
+class StepRecord(Callback):
+    """Records each step's totals and loss curve point (LitTransformer.record_step). Lightning runs checkpoint
+    callbacks after every other callback and before the module's own hook, so the point is in the checkpoint
+    saved at its step: a resume, or a re-evaluation from the final checkpoint, loses none."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        pl_module.record_step(outputs, batch)
+
+
+class ConfigInCheckpoint(Callback):
+    """Puts the run's resolved config in each checkpoint, as plain containers the weights-only loader reads, so a
+    resume can be checked where .hydra/config.yaml is lost."""
+
+    def __init__(self, config: dict):
+        self.config = config
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        checkpoint[CHECKPOINT_CONFIG_KEY] = self.config
 
 
 SHORT_METRIC_NAMES = {"train/loss": "loss", "val/loss": "val"}

@@ -62,6 +62,7 @@ class LitTransformer(L.LightningModule):
         self.step_time_s = 0.0
         self.train_time_s = 0.0  # wall time in fit, counted up to the last checkpoint or the end of fit
         self._clock = 0.0  # when train_time_s was last brought up to date
+        self._stepped = False  # whether this process trained a step (a finished run's re-evaluation does not)
         self._window_tokens, self._window_time, self._step_start = 0, 0.0, 0.0
         self.last_train_loss = float("nan")
         self.target_loss, self.steps_to_target = target_loss, None
@@ -87,7 +88,8 @@ class LitTransformer(L.LightningModule):
         self._clock = time.perf_counter()  # fit's first hook: its setup and the first diagnostics count too
 
     def on_fit_end(self):
-        self._count_train_time()
+        if self._stepped:  # a fit that only re-evaluates a finished run keeps the train time of its checkpoint
+            self._count_train_time()
         self.routing = routing_summary(self.routed)  # before anything after training runs the model in train mode
 
     def on_save_checkpoint(self, checkpoint):
@@ -120,6 +122,7 @@ class LitTransformer(L.LightningModule):
 
     def on_train_batch_start(self, batch, batch_idx):
         self._step_start = time.perf_counter()
+        self._stepped = True
 
     def training_step(self, batch, batch_idx):
         loss, sentence_loss = self.losses(batch, model=self._train_forward)
@@ -153,7 +156,10 @@ class LitTransformer(L.LightningModule):
                                **{f"moe/layer{i}/load_expert{e}": share for e, share in enumerate(load)}})
         return aux
 
-    def on_train_batch_end(self, outputs, batch, batch_idx):
+    def record_step(self, outputs, batch) -> None:
+        """A finished step's totals and loss curve point. Called by the StepRecord callback, which Lightning runs
+        before the checkpoint callback saves: this module's own on_train_batch_end would run after the save, and a
+        resume from that checkpoint would lose the step's point and loss."""
         elapsed = time.perf_counter() - self._step_start
         tokens = int(batch["valid"].sum())
         self.tokens_seen += tokens

@@ -3,13 +3,13 @@ and come from the same config; anything else is a clear error, never a silent re
 import time
 from pathlib import Path
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY, load_checkpoint
 from blocklab.errors import ConfigError
 from blocklab.overrides import job_name_excluded_keys, override_key
-from blocklab.results import CHECKPOINT, flatten
+from blocklab.results import CHECKPOINT, SAVED_CONFIG, flatten
 
 # Keys BlockLab had and removed, which never changed what a run computes: a run saved with them still resumes.
 # study.pack_seeds trained a setting's seeds as one batched model (docs/decisions/seed-packing.md).
@@ -44,23 +44,38 @@ def keys_set_now() -> frozenset[str]:
 
 
 def resume_step(run_dir: Path, groups: dict) -> int | None:
-    """The step to resume from, or None for a fresh start. Checks before anything is written."""
+    """The step to resume from, or None for a fresh start. Checks before anything is written. The checkpoint is
+    read without unpickling objects, and its config is compared with this command's: the saved
+    .hydra/config.yaml's, or, where that file is gone, the one the checkpoint carries."""
     ckpt = run_dir / CHECKPOINT
     if not ckpt.exists() or not groups.get("resume", True):
         return None
-    saved_path = run_dir / ".hydra" / "config.yaml"
-    if saved_path.exists():
-        saved = OmegaConf.to_container(OmegaConf.load(saved_path))
-        diffs = config_differences(saved, groups, keys_set_now())
-        if diffs:
-            raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
-                              "use another hydra.run.dir, or resume=false to start this one afresh")
-    try:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        return int(state["global_step"])
-    except Exception as err:  # any unreadable file: truncated, not a checkpoint, wrong format
-        raise ConfigError(f"checkpoint {ckpt} is unreadable ({type(err).__name__}); delete it to start over, "
-                          "or run with resume=false (it is then kept aside)") from None
+    state = load_checkpoint(ckpt, "delete it to start over, or run with resume=false (it is then kept aside)")
+    diffs = config_differences(saved_config(run_dir, state), groups, keys_set_now())
+    if diffs:
+        raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
+                          "use another hydra.run.dir, or resume=false to start this one afresh")
+    return state["global_step"]
+
+
+def saved_config(run_dir: Path, state: dict) -> dict:
+    """The config a run was trained with: its .hydra/config.yaml, else the copy in its checkpoint. One that cannot
+    be read, or neither, is a ConfigError: resuming without knowing the config could mix two experiments."""
+    path = run_dir / SAVED_CONFIG
+    if path.exists():
+        try:
+            saved = OmegaConf.to_container(OmegaConf.load(path))
+        except Exception as err:  # truncated or flipped YAML, or YAML that is not a mapping
+            raise ConfigError(f"saved config {path} is unreadable ({type(err).__name__}); restore it, or use "
+                              "another hydra.run.dir") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"saved config {path} is not a config; restore it, or use another hydra.run.dir")
+        return saved
+    saved = state.get(CHECKPOINT_CONFIG_KEY)
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path} is missing and {run_dir / CHECKPOINT} does not carry its config, so the resume "
+                          "cannot be checked; restore the file, or use another hydra.run.dir")
+    return saved
 
 
 def set_aside_checkpoints(run_dir: Path) -> None:

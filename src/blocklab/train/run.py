@@ -16,11 +16,12 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from blocklab.experiment import Setup
-from blocklab.errors import ConfigError
+from blocklab.errors import ConfigError, RunFolderError
 from blocklab.hardware import accelerator_error, keep_freed_memory, precision_warning, use_threads
 from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
-from blocklab.train.callbacks import DivergenceGuard, GracefulInterrupt, LastCheckpoint, StepProgressBar
-from blocklab.train.checks import check_run_dir
+from blocklab.train.callbacks import (ConfigInCheckpoint, DivergenceGuard, GracefulInterrupt, LastCheckpoint,
+                                     StepProgressBar, StepRecord)
+from blocklab.train.checks import check_run_dir, own_run_dir
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_loggers, check_loggers, log_results
 from blocklab.train.module import LitTransformer
@@ -47,10 +48,10 @@ warnings.filterwarnings("ignore", message=r".*does not have many workers which m
 
 
 def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
-                   bar: StepProgressBar | None = None) -> list:
+                   bar: StepProgressBar | None = None, config: dict | None = None) -> list:
     """The callbacks every training run has (the overhead benchmark times its steps with the same)."""
-    return [guard, bar or StepProgressBar(), LastCheckpoint(run_dir / CHECKPOINT.parent, checkpoint_every),
-            GracefulInterrupt(run_dir / CHECKPOINT)]
+    return [StepRecord(), guard, bar or StepProgressBar(), ConfigInCheckpoint(config or {}),
+            LastCheckpoint(run_dir / CHECKPOINT.parent, checkpoint_every), GracefulInterrupt(run_dir / CHECKPOINT)]
 
 
 def prepare(cfg: DictConfig) -> Setup:
@@ -67,7 +68,14 @@ def run(cfg: DictConfig) -> float | None:
     """Train and evaluate one configuration. Inside a sweep, finished jobs are skipped and a failing
     job is recorded as failed without stopping the sweep; a single run fails loudly."""
     keep_freed_memory()  # in this process: a sweep's workers run each job here too
-    return run_as_sweep_job(cfg, train_and_evaluate)
+    try:
+        with own_run_dir(Path(cfg.run_dir)):
+            return run_as_sweep_job(cfg, train_and_evaluate)
+    except RunFolderError as err:  # in use or damaged: a sweep goes on without it, and writes nothing there
+        if not in_sweep():
+            raise
+        print(f"error: job skipped: {err}", file=sys.stderr)
+        return None
 
 
 def train_and_evaluate(cfg: DictConfig) -> float | None:
@@ -96,7 +104,7 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     for logger in loggers:
         logger.log_hyperparams({**picked, **flatten(groups)})
     guard = DivergenceGuard(groups["max_loss"])
-    callbacks = step_callbacks(run_dir, guard, groups["checkpoint_every"])
+    callbacks = step_callbacks(run_dir, guard, groups["checkpoint_every"], config=groups)
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     diag_cfg = groups["diagnostics"]
@@ -119,7 +127,8 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     if start_step is not None:
         print(f"resuming {run_dir} from step {start_step}")
     try:
-        trainer.fit(lit, train_loader, val_loader, ckpt_path=run_dir / CHECKPOINT if start_step is not None else None)
+        trainer.fit(lit, train_loader, val_loader, ckpt_path=run_dir / CHECKPOINT if start_step is not None else None,
+                    weights_only=True)
     except SIGTERMException:
         print(f"interrupted at step {trainer.global_step}; checkpoint saved in {run_dir / CHECKPOINT.parent}. "
               "Run the same command again to resume.", file=sys.stderr)

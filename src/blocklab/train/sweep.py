@@ -16,7 +16,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from blocklab.errors import ConfigError
+from blocklab.errors import ConfigError, RunFolderError
 from blocklab.results import RESULTS_FILE, previous_status, read_results, swept_overrides, write_results
 
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -111,6 +111,8 @@ def run_as_sweep_job(cfg: DictConfig, train: Callable[[DictConfig], float | None
     environ = dict(os.environ)
     try:
         return train(cfg)
+    except RunFolderError:  # damaged or in use: the folder is not this job's to write
+        raise
     except ConfigError as err:  # listed before launch (check_sweep_jobs); recorded so a relaunch skips it
         message = " | ".join(str(err).splitlines())
         print(f"error: job {run_dir} is invalid: {message}", file=sys.stderr)
