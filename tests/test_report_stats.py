@@ -209,10 +209,12 @@ def test_the_report_tables_show_the_study_metrics_with_intervals_and_the_csv_kee
     page = build_report(root, rows, study_specs(root, rows)).read_text()
     header, body = cells_of(page, "metrics")
     assert header == ["task.reverse_answer", "seeds", "exact_match_in (mean)", "exact_match_in 95% CI",
-                      "exact_match_out (mean)", "exact_match_out 95% CI"]
+                      "exact_match_out (mean)", "exact_match_out 95% CI", "learned (seeds ≥ 0.9 in distribution)"]
     assert body[0][:4] == ["False", "3", "0.450", "[0.400, 0.500]"]
     assert body[1][:4] == ["True", "3", "0.970", "[0.950, 0.990]"]
-    assert body[1][4:] == ["0.000", "[0.000, 0.000]"]
+    assert body[1][4:6] == ["0.000", "[0.000, 0.000]"]
+    # Every seed of reverse_answer=False is below 0.9 on its training lengths: its row says so.
+    assert [row[-1] for row in body] == ["0/3 seeds, not learned", "3/3 seeds"]
     for other in ("kv_cache_bytes_per_token", "head_similarity", "final_train_loss", "decode_tokens_per_s"):
         assert other not in header
     with open(root / "report" / "summary.csv") as f:
@@ -221,7 +223,9 @@ def test_the_report_tables_show_the_study_metrics_with_intervals_and_the_csv_kee
             "flops_per_token", "tokens_per_s", "params", "steps"} <= set(columns)
     # The findings answer with the study's metrics: the winner on exact_match_in, the all-zero sentence.
     assert "exact_match_in (higher is better): reverse_answer=True is best, 0.970 [0.950, 0.990]" in page
-    assert "every setting scores 0.000 on exact_match_out (6 runs)" in page
+    # Beyond training only the setting that learned is judged (reverse_answer=False never learned), and it says so.
+    assert ("every run scores 0.000 on exact_match_out (3 runs): it does not tell the settings apart. Compared among "
+            "the settings that learned in distribution only; left out as not learned: reverse_answer=False.") in page
     assert "no setting generalizes beyond the training length: no seed reaches exact_match ≥ 0.9" in page
     assert "final_val_loss" not in re.search(r"What the numbers show.*?</ul>", page, re.DOTALL).group(0)
 

@@ -2,8 +2,6 @@
 pattern, time and peak memory of one layer's forward + backward against sequence length n (a table
 with the fitted log-log slopes, and a log-log plot), the issue's targets, and decoding state. Reads
 the JSON `python -m blocklab.bench attention` writes (outputs/bench/attention.json)."""
-import base64
-import html
 import io
 import json
 from pathlib import Path
@@ -12,6 +10,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from blocklab.report import render  # noqa: E402
+from blocklab.report.render import Code, Figure, Items, Para, Table, cells, para  # noqa: E402
 
 BENCH_JSON = Path("outputs") / "bench" / "attention.json"
 
@@ -56,53 +57,53 @@ def plot(result: dict, path: Path | None = None) -> bytes:
     return buffer.getvalue()
 
 
-def _table(header: list[str], body: list[list]) -> str:
-    cells = lambda row, tag: "".join(f"<{tag}>{html.escape('–' if c is None else str(c))}</{tag}>" for c in row)  # noqa: E731
-    return ("<div class='wide'><table><thead><tr>" + cells(header, "th") + "</tr></thead><tbody>"
-            + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in body) + "</tbody></table></div>")
+def _table(header: list[str], body: list[list]) -> Table:
+    return Table(cells(header), [cells(row) for row in body])
 
 
 def attention_costs_section(source: Path | str | dict = BENCH_JSON, out: Path | None = None) -> str:
     """The HTML <section> (id 'attention_costs'); its figure is inlined, and also written to
     out/attention_costs.png when `out` (the report folder) is given."""
+    return render.section(attention_costs_data(source, out))
+
+
+def attention_costs_data(source: Path | str | dict = BENCH_JSON, out: Path | None = None) -> render.Section:
     result, machine = load(source)
     settings, lengths = result["settings"], result["settings"]["lengths"]
     n, yes = lengths[-1], {True: "yes", False: "no", None: "–"}
-    parts = ["<section id='attention_costs'><h2>attention costs</h2>",
-             "<p class='question'><b>Question.</b> How do time and memory of attention grow with sequence length "
-             "n, for each attention kind and sparse pattern (exercise 1.1: O(n²) for full softmax attention; "
-             "1.13/1.14: what sparse and linear attention save)?</p>",
-             f"<p><b>Setup.</b> One attention layer (projections included, no position scheme), batch 1, "
-             f"d_model {settings['d_model']}, {settings['n_heads']} heads; forward + backward, median of "
-             f"{settings['rounds']} rounds with every variant timed in turn; sparse patterns with "
-             f"{', '.join(f'{k} {v}' for k, v in settings['reach'].items())}. Slopes: log-log fit over "
-             f"n ≥ {settings['fit_from']}. Measured by <code>{html.escape(machine.get('command', ''))}</code> "
-             f"(torch {html.escape(str(machine.get('torch')))}, {machine.get('cpu_threads')} threads).</p>"]
+    blocks = [Para("Question.", ("How do time and memory of attention grow with sequence length n, for each "
+                                 "attention kind and sparse pattern (exercise 1.1: O(n²) for full softmax attention; "
+                                 "1.13/1.14: what sparse and linear attention save)?",), "question"),
+              para("Setup.", "One attention layer (projections included, no position scheme), batch 1, "
+                   f"d_model {settings['d_model']}, {settings['n_heads']} heads; forward + backward, median of "
+                   f"{settings['rounds']} rounds with every variant timed in turn; sparse patterns with "
+                   f"{', '.join(f'{k} {v}' for k, v in settings['reach'].items())}. Slopes: log-log fit over "
+                   f"n ≥ {settings['fit_from']}. Measured by ", Code(str(machine.get("command", ""))),
+                   f" (torch {machine.get('torch')}, {machine.get('cpu_threads')} threads).")]
     header = ["variant", "causal", "skips masked work", *(f"ms n={k}" for k in lengths), "time slope",
               f"peak MB n={n}", "memory slope", "saved-for-backward slope", f"time vs full n={n}"]
-    body = [[r["variant"], yes[r["causal"]], yes[r["skips_masked_work"]], *r["ms"], r["ms_slope"], r["peak_mb"][-1],
-             r["peak_mb_slope"], r["saved_mb_slope"], r["vs_full"]] for r in result["summary"]]
-    parts.append(_table(header, body))
-    data = base64.b64encode(plot(result, None if out is None else out / "attention_costs.png")).decode()
-    parts.append(f"<figure><img alt='attention cost curves' src='data:image/png;base64,{data}'>"
-                 "<figcaption>time and peak memory against n (log-log); dashed: a dense mask over full attention, "
-                 "dotted: the explicit path; grey: n and n² through the first variant's first point"
-                 "</figcaption></figure>")
-    parts.append(f"<p><b>Width.</b> ms at n = {settings['width_length']}, d_model varied ({settings['n_heads']} "
-                 "heads), and the log-log slope against d_model.</p>")
-    parts.append(_table(["variant", *(f"d={d}" for d in settings["widths"]), "slope"],
-                        [[r["variant"], *r["width_ms"], r["width_slope"]] for r in result["summary"]]))
-    parts.append("<p><b>Targets.</b></p><ul>" + "".join(
-        f"<li>{'PASS' if v['met'] else 'MISS'} {html.escape(key)}: {v['value']} (target {v['target']}"
-        f"{' ± ' + str(v['tolerance']) if 'tolerance' in v else ''})</li>"
-        for key, v in result["targets"].items()) + "</ul>")
+    body = [[r["variant"], yes.get(r["causal"], r["causal"]), yes.get(r["skips_masked_work"], r["skips_masked_work"]),
+             *r["ms"], r["ms_slope"], r["peak_mb"][-1], r["peak_mb_slope"], r["saved_mb_slope"], r["vs_full"]]
+            for r in result["summary"]]
+    blocks.append(_table(header, body))
+    with matplotlib.rc_context({"text.parse_math": False}):  # variant names from the JSON: text, never mathtext
+        png = plot(result, None if out is None else out / "attention_costs.png")
+    blocks.append(Figure(render.png_uri(png), "attention cost curves", "time and peak memory against n (log-log); "
+                         "dashed: a dense mask over full attention, dotted: the explicit path; grey: n and n² through "
+                         "the first variant's first point"))
+    blocks.append(para("Width.", f"ms at n = {settings['width_length']}, d_model varied ({settings['n_heads']} "
+                       "heads), and the log-log slope against d_model."))
+    blocks.append(_table(["variant", *(f"d={d}" for d in settings["widths"]), "slope"],
+                         [[r["variant"], *r["width_ms"], r["width_slope"]] for r in result["summary"]]))
+    blocks += [para("Targets."), Items([
+        f"{'PASS' if v['met'] else 'MISS'} {key}: {v['value']} (target {v['target']}"
+        f"{' ± ' + str(v['tolerance']) if 'tolerance' in v else ''})" for key, v in result["targets"].items()])]
     if result.get("decode"):
         marks = result["decode"][0]["lengths"]
-        parts.append(f"<p><b>Decoding</b> ({settings['decode_tokens']} tokens, a 1-layer model, one sequence): "
-                     "bytes the layer's cache holds, and tokens/s over the last quarter.</p>")
-        parts.append(_table(["variant", *(f"bytes at {k}" for k in marks), f"keys held at {marks[-1]}", "tokens/s"],
-                            [[r["variant"], *r["state_bytes"], r["keys_held"][-1], r["tokens_per_s"]]
-                             for r in result["decode"]]))
-    parts.append("<ul>" + "".join(f"<li>{html.escape(note)}</li>" for note in result.get("notes", [])) + "</ul>")
-    parts.append("</section>")
-    return "\n".join(parts)
+        blocks.append(para("Decoding", f"({settings['decode_tokens']} tokens, a 1-layer model, one sequence): bytes "
+                           "the layer's cache holds, and tokens/s over the last quarter."))
+        blocks.append(_table(["variant", *(f"bytes at {k}" for k in marks), f"keys held at {marks[-1]}", "tokens/s"],
+                             [[r["variant"], *r["state_bytes"], r["keys_held"][-1], r["tokens_per_s"]]
+                              for r in result["decode"]]))
+    blocks.append(Items([str(note) for note in result.get("notes", [])]))
+    return render.Section("attention_costs", "attention costs", blocks)

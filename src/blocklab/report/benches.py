@@ -6,8 +6,6 @@ which command produces it.
 - attention: time and memory of one attention layer against n, fitted slopes (exercises 1.1, 1.13, 1.14);
 - positions: a training step's time per position scheme, RoPE / ALiBi / T5 / FIRE against none (exercise 1.8);
 - activations: one FFN's forward + backward per activation (exercise 1.9)."""
-import base64
-import html
 import io
 import json
 from dataclasses import dataclass
@@ -19,8 +17,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.registry import Registry  # noqa: E402
-from blocklab.report.attention_costs import attention_costs_section  # noqa: E402
+from blocklab.report import render  # noqa: E402
+from blocklab.report.attention_costs import attention_costs_data  # noqa: E402
+from blocklab.report.render import Code, Figure, Items, Para, Table, cells, para  # noqa: E402
 
 BENCH_DIR = Path("outputs") / "bench"
 
@@ -30,7 +31,7 @@ class BenchSection:
     benchmark: str  # python -m blocklab.bench BENCHMARK
     title: str
     anchor: str  # the section's id
-    render: Callable[[dict, Path], str]  # (the bench JSON, the report folder) -> the <section>
+    render: Callable[[dict, Path], render.Section]  # (the bench JSON, the report folder) -> the section
 
 
 BENCH_SECTIONS: Registry = Registry("study.bench")
@@ -41,119 +42,138 @@ def names(value) -> list[str]:
     return [] if value is None else [value] if isinstance(value, str) else list(value)
 
 
+def read(path: Path) -> dict:
+    """A bench JSON; one line naming the file and the fix where it is not one (truncated, not JSON, not ours)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: unreadable benchmark results ({type(err).__name__}: {err}); delete it and rerun "
+                          "python -m blocklab.bench, or pass another file with --bench") from None
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks", {}), dict):
+        raise ConfigError(f"{path}: not a file python -m blocklab.bench wrote (no `benchmarks` mapping); rerun "
+                          "python -m blocklab.bench --out FILE")
+    return data
+
+
 def find(benchmark: str, root: Path, extra: list[Path] = ()) -> dict | None:
     """The newest JSON holding `benchmark`: a file given with --bench, else outputs/bench/BENCHMARK.json under the
     working directory or under the `outputs` folder the sweep lies in."""
     for path in extra:
-        data = json.loads(Path(path).read_text())
+        data = read(path)
         if benchmark in data.get("benchmarks", {}):
             return data
     candidates = [BENCH_DIR / f"{benchmark}.json"]
     candidates += [p / "bench" / f"{benchmark}.json" for p in Path(root).resolve().parents if p.name == "outputs"]
     found = [p for p in candidates if p.exists()]
-    return json.loads(max(found, key=lambda p: p.stat().st_mtime).read_text()) if found else None
+    return read(max(found, key=lambda p: p.stat().st_mtime)) if found else None
+
+
+def load(name: str, root: Path, extra: list[Path] = ()) -> dict | None:
+    """The JSON section `name` reads (None: none found); an unreadable one raises ConfigError before any file is
+    written."""
+    return find(BENCH_SECTIONS[name].benchmark, root, extra)
+
+
+def section_data(name: str, data: dict | None, out: Path) -> render.Section:
+    entry = BENCH_SECTIONS[name]
+    if data is None:
+        return render.Section(entry.anchor, entry.title, [para(
+            "", "No benchmark results yet: run ", Code(f"python -m blocklab.bench {entry.benchmark}"),
+            f" (it writes {BENCH_DIR / (entry.benchmark + '.json')}), or give a file it wrote with --out to ",
+            Code("python -m blocklab.report SWEEP_DIR --bench FILE"), ".")])
+    try:
+        return entry.render(data, out)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # a JSON of another shape
+        return render.Section(entry.anchor, entry.title, [para(
+            "Unreadable.", f"The {entry.benchmark} benchmark results do not have the fields this section reads "
+            f"({type(err).__name__}: {err}); rerun ", Code(f"python -m blocklab.bench {entry.benchmark}"), ".")])
 
 
 def section(name: str, root: Path, out: Path, extra: list[Path] = ()) -> str:
-    entry = BENCH_SECTIONS[name]
-    data = find(entry.benchmark, root, extra)
-    if data is None:
-        return (f"<section id='{entry.anchor}'><h2>{html.escape(entry.title)}</h2><p>No benchmark results yet: run "
-                f"<code>python -m blocklab.bench {entry.benchmark}</code> (it writes "
-                f"{BENCH_DIR / (entry.benchmark + '.json')}), or give a file it wrote with --out to "
-                f"<code>python -m blocklab.report SWEEP_DIR --bench FILE</code>.</p></section>")
-    return entry.render(data, out)
+    """A benchmark's section as HTML (see section_data)."""
+    return render.section(section_data(name, load(name, root, extra), out))
 
 
-def _table(header: list[str], body: list[list]) -> str:
-    cells = lambda row, tag: "".join(f"<{tag}>{html.escape('–' if c is None else str(c))}</{tag}>" for c in row)  # noqa: E731
-    return ("<div class='wide'><table><thead><tr>" + cells(header, "th") + "</tr></thead><tbody>"
-            + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in body) + "</tbody></table></div>")
+def _table(header: list[str], body: list[list]) -> Table:
+    return Table(cells(header), [cells(row) for row in body])
 
 
-def _figure(fig, alt: str, caption: str, path: Path | None) -> str:
+def _figure(fig, alt: str, caption: str, path: Path | None) -> Figure:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     if path is not None:
         path.write_bytes(buffer.getvalue())
-    data = base64.b64encode(buffer.getvalue()).decode()
-    return (f"<figure><img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return Figure(render.png_uri(buffer.getvalue()), alt, caption)
 
 
-def _machine(data: dict, result: dict) -> str:
+def _machine(data: dict, result: dict) -> tuple:
     """Where and how the figures were measured; a --quick run's figures are a smoke test's."""
     m = data.get("machine", {})
-    command = m.get("command", "")
+    command = str(m.get("command", ""))
     quick = " These come from a --quick run (tiny sizes): the figures are a smoke test's, not measurements." \
         if "--quick" in command or "tiny" in command else ""
-    return (f"Measured by <code>{html.escape(command)}</code> on {html.escape(str(m.get('cpu', 'an unnamed CPU')))} "
-            f"(threads: {m.get('cpu_threads')}, torch {html.escape(str(m.get('torch')))}; the benchmark took "
-            f"{result.get('wall_s')} s)."
-            f"{quick}")
+    return ("Measured by ", Code(command), f" on {m.get('cpu', 'an unnamed CPU')} (threads: {m.get('cpu_threads')}, "
+            f"torch {m.get('torch')}; the benchmark took {result.get('wall_s')} s).{quick}")
 
 
-def _targets(result: dict, keep=lambda key: True) -> str:
+def _targets(result: dict, keep=lambda key: True) -> list:
     items = [(k, v) for k, v in result.get("targets", {}).items() if keep(k)]
-    return "<p><b>Targets.</b></p><ul>" + "".join(
-        f"<li>{'PASS' if v['met'] else 'MISS'} {html.escape(k)}: {v['value']} (target {v['target']})</li>"
-        for k, v in items) + "</ul>" if items else ""
+    return [para("Targets."), Items([f"{'PASS' if v['met'] else 'MISS'} {k}: {v['value']} (target {v['target']})"
+                                     for k, v in items])] if items else []
 
 
 def _bars(labels: list[str], ms: list[float], ratios: list[float], ratio_name: str, title: str):
-    fig, ax = plt.subplots(figsize=(6.4, 3.4))
-    bars = ax.bar(range(len(ms)), ms)
-    for bar, ratio in zip(bars, ratios):
-        ax.annotate(f"{ratio:.2f}×", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                    va="bottom", fontsize=7)
-    ax.set_xticks(range(len(ms)), labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("ms (best round)")
-    ax.set_title(f"{title} (labels: {ratio_name})", fontsize=10)
+    with matplotlib.rc_context({"text.parse_math": False}):  # labels from the JSON: text, never mathtext
+        fig, ax = plt.subplots(figsize=(6.4, 3.4))
+        bars = ax.bar(range(len(ms)), ms)
+        for bar, ratio in zip(bars, ratios):
+            ax.annotate(f"{ratio:.2f}×", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                        va="bottom", fontsize=7)
+        ax.set_xticks(range(len(ms)), [str(label) for label in labels], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("ms (best round)")
+        ax.set_title(f"{title} (labels: {ratio_name})", fontsize=10)
     return fig
 
 
-def _attention(data: dict, out: Path) -> str:
-    return attention_costs_section(data, out)
+def _attention(data: dict, out: Path) -> render.Section:
+    return attention_costs_data(data, out)
 
 
-def _positions(data: dict, out: Path) -> str:
+def _positions(data: dict, out: Path) -> render.Section:
     result = data["benchmarks"]["step"]
     rows = [r for r in result["rows"] if r["axis"] == "pos"]
-    parts = ["<section id='position_costs'><h2>position scheme costs</h2>",
-             "<p class='question'><b>Question.</b> What does each position scheme cost in a training step, beside no "
-             "position information at all (exercise 1.8: RoPE, ALiBi, T5 bias and FIRE against none)?</p>",
-             f"<p><b>Setup.</b> One training step (forward, backward, AdamW) of the nanogpt_baby model with one "
-             f"position scheme changed, every variant timed in turn over several rounds (best round; the median "
-             f"shows the spread), {result.get('tokens_per_step')} tokens per step. {_machine(data, result)}</p>"]
+    blocks = [Para("Question.", ("What does each position scheme cost in a training step, beside no position "
+                                 "information at all (exercise 1.8: RoPE, ALiBi, T5 bias and FIRE against none)?",),
+                   "question"),
+              para("Setup.", "One training step (forward, backward, AdamW) of the nanogpt_baby model with one position "
+                   "scheme changed, every variant timed in turn over several rounds (best round; the median shows the "
+                   f"spread), {result.get('tokens_per_step')} tokens per step. ", *_machine(data, result))]
     header = ["scheme", "ms", "ms (median)", "tokens/s", "GFLOP/step", "vs none"]
-    parts.append(_table(header, [[r["variant"], r["ms"], r["ms_median"], r["tokens_per_s"], r["gflop_per_step"],
-                                  r["vs_nope"]] for r in rows]))
+    blocks.append(_table(header, [[r["variant"], r["ms"], r["ms_median"], r["tokens_per_s"], r["gflop_per_step"],
+                                   r["vs_nope"]] for r in rows]))
     fig = _bars([r["variant"] for r in rows], [r["ms"] for r in rows], [r["vs_nope"] for r in rows], "× none",
                 "training step per position scheme")
-    parts.append(_figure(fig, "position scheme costs", "ms per training step; labels: time relative to pos=none",
-                         out / "position_costs.png"))
-    parts.append(_targets(result, keep=lambda key: key.endswith("_vs_nope")))
-    parts.append("</section>")
-    return "\n".join(parts)
+    blocks.append(_figure(fig, "position scheme costs", "ms per training step; labels: time relative to pos=none",
+                          out / "position_costs.png"))
+    blocks += _targets(result, keep=lambda key: key.endswith("_vs_nope"))
+    return render.Section("position_costs", "position scheme costs", blocks)
 
 
-def _activations(data: dict, out: Path) -> str:
+def _activations(data: dict, out: Path) -> render.Section:
     result = data["benchmarks"]["activations"]
     rows = result["rows"]
-    parts = ["<section id='activation_costs'><h2>activation speed</h2>",
-             "<p class='question'><b>Question.</b> How fast is each FFN activation (exercise 1.9), plain and gated at "
-             "the same parameter count?</p>",
-             "<p><b>Setup.</b> Forward + backward of one FFN at the nanogpt_baby sizes (gated: 2/3 of d_ff, the "
-             f"same parameters), every activation timed in turn, best round. {_machine(data, result)}</p>"]
-    parts.append(_table(["act", "ms", "vs fastest"], [[r["act"], r["ms"], r["vs_fastest"]] for r in rows]))
+    blocks = [Para("Question.", ("How fast is each FFN activation (exercise 1.9), plain and gated at the same "
+                                 "parameter count?",), "question"),
+              para("Setup.", "Forward + backward of one FFN at the nanogpt_baby sizes (gated: 2/3 of d_ff, the same "
+                   "parameters), every activation timed in turn, best round. ", *_machine(data, result))]
+    blocks.append(_table(["act", "ms", "vs fastest"], [[r["act"], r["ms"], r["vs_fastest"]] for r in rows]))
     fig = _bars([r["act"] for r in rows], [r["ms"] for r in rows], [r["vs_fastest"] for r in rows], "× fastest",
                 "one FFN, forward + backward")
-    parts.append(_figure(fig, "activation speed", "ms per FFN forward + backward; labels: time relative to the "
-                         "fastest", out / "activation_costs.png"))
-    parts.append(_targets(result))
-    parts.append("</section>")
-    return "\n".join(parts)
+    blocks.append(_figure(fig, "activation speed", "ms per FFN forward + backward; labels: time relative to the "
+                          "fastest", out / "activation_costs.png"))
+    blocks += _targets(result)
+    return render.Section("activation_costs", "activation speed", blocks)
 
 
 BENCH_SECTIONS.register("attention")(BenchSection("attention", "attention costs", "attention_costs", _attention))

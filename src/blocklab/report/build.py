@@ -2,11 +2,11 @@
 95% bootstrap interval), findings computed from the numbers (a winner only where the intervals are apart), a
 summary table in the layout of Narang et al. 2021, the length tables, the canonical plots with seed bands, and one
 self-contained HTML page (images inlined, opens offline). Every column goes to summary.csv."""
-import base64
 import csv
 import difflib
-import html
+import hashlib
 import json
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -20,7 +20,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.registry import Registry  # noqa: E402
-from blocklab.report import length_gen, stats, tables  # noqa: E402
+from blocklab.report import length_gen, render, stats, tables  # noqa: E402
 from blocklab.report import benches  # noqa: E402
 from blocklab.report.activation_curves import plot_activation_functions  # noqa: E402
 from blocklab.report.attention_maps import plot_attention_maps  # noqa: E402
@@ -30,8 +30,9 @@ from blocklab.report.common import short as _short, takes  # noqa: E402
 from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS  # noqa: E402
 from blocklab.report.per_head import plot_per_head  # noqa: E402
 from blocklab.report.spectral import plot_spectral_bounds  # noqa: E402
-from blocklab.results import RESULTS_FILE  # noqa: E402
-from blocklab.schema import Number, Text  # noqa: E402
+from blocklab.report.render import Figure, Items, Para, Table, para  # noqa: E402
+from blocklab.results import LEARNED_THRESHOLD, RESULTS_FILE  # noqa: E402
+from blocklab.schema import Keys, Number, Text  # noqa: E402
 
 # What a study without `study.metrics` is judged on (those its runs record).
 DEFAULT_METRICS = ("final_val_loss", "exact_match_in", "exact_match_out")
@@ -356,6 +357,16 @@ LINE_COLOURS = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[
 
 def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     """Draw one canonical plot; returns a sentence of what it shows, computed from the data."""
+    with matplotlib.rc_context(PLAIN_TEXT):
+        return _plot(rows, spec, path)
+
+
+# Labels come from the folder (setting names, metrics): drawn as they are, never parsed as mathtext, where a stray
+# `$` would fail the figure.
+PLAIN_TEXT = {"text.parse_math": False}
+
+
+def _plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     kind, metric, by = spec["kind"], spec["metric"], _keys(spec.get("by", []))
     rows = _select(rows, spec.get("where"))
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -428,10 +439,10 @@ def _words(values: list) -> str:
 
 
 def budget(done: list[dict], compare: list[str]) -> str:
-    """Steps, seeds and what no setting had tuned for it, read from the runs."""
-    planned = sorted({r["trainer.max_steps"] for r in done if r.get("trainer.max_steps") is not None})
+    """Steps, seeds and what no setting had tuned for it, read from the runs (the "Budget." paragraph)."""
+    planned = sorted({r["trainer.max_steps"] for r in done if r.get("trainer.max_steps") is not None}, key=_order)
     # Short of its own planned steps: with max_steps swept, a 500-step run beside 1500-step runs is not short.
-    short = [r for r in done if r.get("steps") is not None and r.get("trainer.max_steps") is not None
+    short = [r for r in done if _count(r.get("steps")) and _count(r.get("trainer.max_steps"))
              and r["steps"] < r["trainer.max_steps"]]
     steps = f"{'/'.join(map(str, planned))} training steps per run" if planned else "training steps not recorded"
     if short:
@@ -445,105 +456,186 @@ def budget(done: list[dict], compare: list[str]) -> str:
     swept = set(_swept(done)) | set(compare)
     fixed = []
     for knob in FIXED:
-        values = {r.get(knob) for r in done}
-        if knob not in swept and len(values) == 1 and None not in values:
+        values = {str(r.get(knob)) for r in done}
+        if knob not in swept and len(values) == 1 and all(r.get(knob) is not None for r in done):
             fixed.append(f"{knob}={values.pop()}")
     untuned = (f"; one value for every setting, not tuned per setting: {', '.join(fixed)}" if fixed else "")
-    return f"<p><b>Budget.</b> {steps}; {seeds_text}{html.escape(untuned)}.</p>"
+    return f"{steps}; {seeds_text}{untuned}."
 
 
-def _table(header: list[str], body: list[list[str]], cls: str) -> str:
-    return (f"<div class='wide'><table class='{cls}'><thead><tr>"
-            + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>"
-            + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in body)
-            + "</tbody></table></div>")
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _finding_html(finding: Finding) -> str:
-    details = ("<ul>" + "".join(f"<li>{html.escape(d)}</li>" for d in finding.details) + "</ul>"
-               if finding.details else "")
-    return f"<li>{html.escape(finding.text)}{details}</li>"
+@dataclass(frozen=True)
+class Learning:
+    """How a setting's seeds did on their training lengths: seeds measured, seeds at or above LEARNED_THRESHOLD
+    (results.learned_in_distribution, per run), and the mean over seeds of in-distribution exact match. A setting
+    counts as learned when that mean reaches the threshold a single run is held to."""
+
+    measured: int
+    learned_seeds: int
+    mean: float
+
+    @property
+    def learned(self) -> bool:
+        return self.mean >= LEARNED_THRESHOLD
 
 
-def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
+def learning(groups: dict[tuple, list[dict]]) -> dict[tuple, Learning]:
+    """Per setting whose runs score exact match on their training lengths (not an LM): its Learning."""
+    out = {}
+    for key, members in groups.items():
+        scores = stats.finite([m.get("exact_match_in") for m in members])
+        if scores:
+            out[key] = Learning(len(scores), sum(x >= LEARNED_THRESHOLD for x in scores), sum(scores) / len(scores))
+    return out
+
+
+def beyond_training(metric: str) -> bool:
+    """A metric measured beyond the training lengths (exact_match_out, loss_out): what says whether a setting
+    extrapolates, and so says nothing about a setting that never learned the lengths it trained on."""
+    return metric.split(".")[-1].endswith("_out")
+
+
+def learning_note(prefix: str, keys: list[str], learned: dict[tuple, Learning]) -> Para | None:
+    """The flag every conclusion comes after: which settings did not learn their task in distribution."""
+    if not learned:
+        return None
+    threshold = f"{LEARNED_THRESHOLD:g}"
+
+    def who(key, e):
+        return (f"{_name(keys, key) or 'all runs'} (mean {stats.fmt(e.mean)}; {e.learned_seeds} of {e.measured} "
+                f"seed{'s' if e.measured > 1 else ''} ≥ {threshold})")
+
+    failed = [who(k, e) for k, e in learned.items() if not e.learned]
+    partly = [who(k, e) for k, e in learned.items() if e.learned and e.learned_seeds < e.measured]
+    lead = f"{prefix}Did every setting learn its task?"
+    rule = (f"A setting counts as learned when the mean over its seeds of exact match on the training lengths "
+            f"reaches {threshold}, the mark a single run is held to.")
+    if not failed and not partly:
+        return Para(lead, (f"Yes: every seed of every setting reaches exact match ≥ {threshold} on its training "
+                           "lengths, so its scores beyond them measure extrapolation.",))
+    text = []
+    if failed:
+        text.append(f"No: {len(failed)} of {len(learned)} setting{'s' if len(learned) > 1 else ''} did not learn "
+                    f"in distribution: {'; '.join(failed)}. Their scores beyond the training lengths say little "
+                    "about extrapolation, so they are left out of every comparison beyond training below.")
+    if partly:
+        text.append(f"Learned, but not on every seed: {'; '.join(partly)}.")
+    return Para(lead, (" ".join([*text, rule]),), "not-learned")
+
+
+def judged(subset: list[dict], keys: list[str], metric: str, learned: dict[tuple, Learning]) -> list[Finding]:
+    """The findings on `metric`; one beyond the training lengths compares only the settings that learned in
+    distribution, and says which it left out."""
+    left_out = [key for key, e in learned.items() if not e.learned] if beyond_training(metric) else []
+    if not left_out:
+        return findings(subset, keys, metric)
+    names = "; ".join(_name(keys, key) or "all runs" for key in left_out)
+    kept = [r for r in subset if tuple(r.get(k) for k in keys) not in left_out]
+    if not kept:
+        return [Finding(f"{metric}: no setting learned its task in distribution ({names}), so none is judged "
+                        "beyond the training lengths.")]
+    shown = findings(kept, keys, metric)
+    why = (f" Compared among the settings that learned in distribution only; left out as not learned: {names}.")
+    return [Finding(shown[0].text + why, shown[0].details), *shown[1:]] if shown else []
+
+
+def file_stem(text: str) -> str:
+    """A name from the folder (a study, a metric) as one safe file name part: `a/b` must not become a folder."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", text).lstrip(".") or "_"
+    return safe if safe == text else f"{safe}-{hashlib.sha1(text.encode()).hexdigest()[:6]}"
+
+
+def section_data(name: str, spec: dict, rows: list[dict], out: Path) -> render.Section:
+    """A study's section, the answer first: the question; whether every setting learned its task (before any
+    conclusion about one); what the numbers show and the figures that carry it; then the setup and the tables
+    the findings are read from; failed runs last."""
     done = [r for r in rows if r["status"] in ("completed", "diverged")]
     failed = [r for r in rows if r["status"] == "failed"]
     invalid = [r for r in rows if r["status"] == "invalid"]
-    compare = spec.get("compare", [])
+    compare = _keys(spec.get("compare", []))
     extra = pooled(done, compare)
     compare = [*compare, *extra]
     length_table = length_gen.table_spec(spec.get("length_table"))  # a bad spec fails before anything is drawn
     metrics = metrics_spec(spec.get("metrics"), done)
     threshold = (length_table or length_gen.DEFAULTS)["threshold"]
-    parts = [f"<section id='{html.escape(name)}'><h2>{html.escape(name)}</h2>",
-             f"<p class='question'><b>Question.</b> {html.escape(spec.get('question', ''))}</p>"]
+    answer, setup, tables_, failures = [], [], [], []
+    question = spec.get("question")
+    head = [Para("Question.", (str(question if question is not None else ""),), "question")]
     swept = "; ".join(f"{k} ∈ {{{', '.join(v)}}}" for k, v in _swept(done).items())
     task = sorted({str(r.get("task.name")) for r in done})
-    parts.append(f"<p><b>Setup.</b> {len(rows)} runs ({len(done)} finished, {len(failed)} failed, "
-                 f"{len(invalid)} invalid configurations not run); task "
-                 f"{', '.join(task)}; swept: {html.escape(swept) or '–'}.</p>")
+    setup.append(para("Setup.", f"{len(rows)} runs ({len(done)} finished, {len(failed)} failed, {len(invalid)} "
+                                f"invalid configurations not run); task {', '.join(task)}; swept: {swept or '–'}."))
     if extra:
-        parts.append(f"<p><b>Also varied.</b> Runs of one {html.escape(', '.join(spec.get('compare', [])) or 'setting')} "
-                     f"differ in {html.escape(', '.join(extra))}, which the study does not compare: each value is a "
-                     "setting of its own below, in the tables and the plots, not pooled as seeds.</p>")
+        setup.append(para("Also varied.", f"Runs of one {', '.join(_keys(spec.get('compare', []))) or 'setting'} "
+                                          f"differ in {', '.join(extra)}, which the study does not compare: each "
+                                          "value is a setting of its own below, in the tables and the plots, not "
+                                          "pooled as seeds."))
     if done:
-        parts.append(budget(done, compare))
+        setup.append(para("Budget.", budget(done, compare)))
+        per_task = _per_task(done, compare)
+        learned = {prefix: learning(group(subset, keys)) for prefix, subset, keys in per_task}
+        head += filter(None, [learning_note(prefix, keys, learned[prefix]) for prefix, _, keys in per_task])
         figures, notes = [], []
-        for i, spec_plot in enumerate(spec.get("plots", [])):
-            path = out / f"{name}_{i}_{spec_plot['metric']}.png"
+        for i, spec_plot in enumerate(spec.get("plots") or []):
+            path = out / f"{file_stem(name)}_{i}_{file_stem(str(spec_plot['metric']))}.png"
             if extra:
                 spec_plot = {**spec_plot, "by": [k for k in _with_keys(spec_plot.get("by", []), extra)
                                                   if k != spec_plot.get("x")]}
             notes.append(plot(done, spec_plot, path))
-            data = base64.b64encode(path.read_bytes()).decode()
-            figures.append(f"<figure><img alt='{html.escape(path.stem)}' src='data:image/png;base64,{data}'>"
-                           f"<figcaption>{html.escape(path.name)}</figcaption></figure>")
-        parts.append(f"<p><b>Results</b> on the study's metrics ({html.escape(', '.join(metrics))}): the mean over "
-                     "each setting's seeds and its 95% bootstrap confidence interval (scipy.stats.bootstrap, "
-                     "percentile, each setting resampled on its own). With 2-3 seeds the interval spans about the "
-                     "seeds' range: it shows how far the seeds fell apart, not where more seeds would settle.</p>")
-        parts.append(_table(*tables.metrics_table(group(done, compare), compare, metrics, _value), "metrics"))
+            figures.append(Figure(render.png_uri(path.read_bytes()), path.stem, path.name))
         shown = []
-        for prefix, subset, keys in _per_task(done, compare):
+        for prefix, subset, keys in per_task:
             for metric in metrics:
-                shown += [Finding(prefix + f.text, f.details) for f in findings(subset, keys, metric)]
+                shown += [Finding(prefix + f.text, f.details) for f in judged(subset, keys, metric, learned[prefix])]
             shown += [Finding(prefix + n) for n in length_gen.degenerate_notes(subset, threshold=threshold)]
         shown += [Finding(n) for n in dict.fromkeys(notes) if n]
         shown += [Finding(caveat) for caveat in (speed_caveat(done), machine_caveat(done)) if caveat]
         if any(r["diverged"] for r in done):
             shown.append(Finding(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged."))
-        parts.append("<p><b>What the numbers show.</b> P(best better): the fraction of (seed, seed) pairs in which "
-                     "the best setting's seed beats the other's, ties counting half. A winner is named only where "
-                     "the 95% intervals do not overlap.</p><ul>" + "".join(map(_finding_html, shown)) + "</ul>")
-        parts.append("<p><b>Summary</b> in the layout of Narang et al. 2021: costs, the training loss early on "
-                     "(the mean over the steps logged around that point), the final validation loss and exact "
-                     "match (mean [95% CI] over seeds). FLOPs: one forward pass per input token, as counted by "
-                     "torch on a training batch.</p>")
+        answer.append(para("What the numbers show.", "P(best better): the fraction of (seed, seed) pairs in which "
+                           "the best setting's seed beats the other's, ties counting half. A winner is named only "
+                           "where the 95% intervals do not overlap."))
+        answer += [Items(shown), *figures]
+        tables_.append(para("Results", f"on the study's metrics ({', '.join(metrics)}): the mean over each "
+                            "setting's seeds and its 95% bootstrap confidence interval (scipy.stats.bootstrap, "
+                            "percentile, each setting resampled on its own). With 2-3 seeds the interval spans about "
+                            "the seeds' range: it shows how far the seeds fell apart, not where more seeds would "
+                            "settle."))
+        marks = {key: (e.learned_seeds, e.measured, e.learned) for key, e in learning(group(done, compare)).items()}
+        tables_.append(Table(*tables.metrics_table(group(done, compare), compare, metrics, _value, marks,
+                                                   f"learned (seeds ≥ {LEARNED_THRESHOLD:g} in distribution)"),
+                             "metrics"))
+        tables_.append(para("Summary", "in the layout of Narang et al. 2021: costs, the training loss early on (the "
+                            "mean over the steps logged around that point), the final validation loss and exact "
+                            "match (mean [95% CI] over seeds). FLOPs: one forward pass per input token, as counted "
+                            "by torch on a training batch."))
         header, body, missing = tables.summary_table(group(done, compare), compare)
-        parts.append(_table(header, body, "summary"))
+        tables_.append(Table(header, body, "summary"))
         if missing:
-            parts.append(f"<p>Not recorded by these runs, so not shown: {html.escape(', '.join(missing))} (runs "
-                         "whose results.json predates train_loss_curve and costs.forward_flops_per_token, or a task "
-                         "without exact match).</p>")
+            tables_.append(para("", f"Not recorded by these runs, so not shown: {', '.join(missing)} (runs whose "
+                                "results.json predates train_loss_curve and costs.forward_flops_per_token, or a "
+                                "task without exact match)."))
         if length_table:
             keys = _with_keys(length_table["by"], extra) if "by" in length_table else compare  # by: [] is one row
-            parts.append(length_gen.section_html(group(done, keys), keys, length_table))
-        for prefix, subset, keys in _per_task(done, compare):
-            reach = length_gen.reach_html(group(subset, keys), keys, threshold=threshold)
-            parts.append(reach.replace("<p><b>", f"<p><b>{html.escape(prefix)}", 1) if reach else "")
-        parts += figures
-    for title, runs in (("Failed runs", failed), ("Invalid configurations (not run)", invalid)):
+            lead, text, header, body = length_gen.length_table(group(done, keys), keys, length_table)
+            tables_ += [para(lead, text), Table(header, body, "length-gen")]
+        for prefix, subset, keys in per_task:
+            reach = length_gen.reach_table(group(subset, keys), keys, threshold=threshold)
+            if reach:
+                lead, text, header, body = reach
+                tables_ += [para(prefix + lead, text), Table(header, body, "reach")]
+    for title, runs in (("Failed runs.", failed), ("Invalid configurations (not run).", invalid)):
         if runs:
-            parts.append(f"<p><b>{title}.</b></p><ul>" + "".join(
-                f"<li>{html.escape(Path(r['run']).name)}: {html.escape(str(r.get('error')))}</li>" for r in runs) + "</ul>")
-    parts.append("</section>")
-    return "\n".join(parts)
+            failures += [para(title), Items([f"{Path(r['run']).name}: {r.get('error')}" for r in runs])]
+    return render.Section(name, name, [*head, *answer, *setup, *tables_, *failures])
 
 
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
-th{background:#f3f3f3}figure{margin:1em 0}img{max-width:100%}.question{font-size:1.05em}section{margin-bottom:3em}
-.wide{overflow-x:auto}"""
+def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
+    """A study's section as HTML (see section_data)."""
+    return render.section(section_data(name, spec, rows, out))
 
 
 def check_plots(spec: dict) -> None:
@@ -568,26 +660,28 @@ def build_report(root: Path, rows: list[dict], specs: dict[str, dict], bench_fil
     for row in rows:
         by_study[row.get("study") or "runs"].append(row)
     for name, spec in specs.items():  # every study's specs are checked before any file is written
+        errors = [e for key in ("compare",) if key in spec and (e := Keys().error(f"study.{key}", spec[key]))]
+        errors += [f"study.{key}={spec[key]!r} must be text" for key in ("question",)
+                   if spec.get(key) is not None and not isinstance(spec[key], (str, int, float))]
+        if errors:
+            raise ConfigError("\n".join(errors))
         length_gen.table_spec(spec.get("length_table"))
         metrics_spec(spec.get("metrics"), by_study.get(name, []))
         check_plots(spec)
         bad = [b for b in benches.names(spec.get("bench")) if b not in benches.BENCH_SECTIONS]
         if bad:
             raise ConfigError("\n".join(benches.BENCH_SECTIONS.unknown(b) for b in bad))
+    wanted = dict.fromkeys(b for name in sorted(specs) for b in benches.names(specs[name].get("bench")))
+    found = {bench: benches.load(bench, root, list(bench_files)) for bench in wanted}  # unreadable: fails here
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "summary.csv")
-    sections = [section(name, specs.get(name, {}), members, out) for name, members in sorted(by_study.items())]
-    toc = "".join(f"<li><a href='#{html.escape(n)}'>{html.escape(n)}</a></li>" for n in sorted(by_study))
-    wanted = dict.fromkeys(b for name in sorted(specs) for b in benches.names(specs[name].get("bench")))
-    for bench in wanted:  # a study that weighs quality against cost: the side-by-side benchmark beside it
-        entry = benches.BENCH_SECTIONS[bench]
-        sections.append(benches.section(bench, root, out, list(bench_files)))
-        toc += f"<li><a href='#{entry.anchor}'>{html.escape(entry.title)}</a></li>"
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>BlockLab report: {html.escape(root.name)}</title>"
-            f"<style>{STYLE}</style></head><body><h1>BlockLab report: {html.escape(root.name)}</h1>"
-            f"<p>{len(rows)} runs from <code>{html.escape(str(root))}</code>. Tables give the mean over seeds with "
-            "its 95% bootstrap confidence interval (or ± the standard deviation where marked); every column of "
-            "every run is in summary.csv.</p>"
-            f"<ul>{toc}</ul>{''.join(sections)}</body></html>")
+    sections = [section_data(name, specs.get(name, {}), members, out) for name, members in sorted(by_study.items())]
+    # a study that weighs quality against cost: the side-by-side benchmark beside it
+    sections += [benches.section_data(bench, found[bench], out) for bench in wanted]
+    intro = (f"{len(rows)} runs from {root}. The answer comes first in each section: whether every setting learned "
+             "its task, what the numbers show and the figures that carry it; then the tables they are read from. "
+             "Tables give the mean over seeds with its 95% bootstrap confidence interval (or ± the standard "
+             "deviation where marked); every column of every run is in summary.csv.")
+    page = render.page(f"BlockLab report: {root.name}", intro, sections)
     (out / "index.html").write_text(page, encoding="utf-8")
     return out / "index.html"

@@ -6,19 +6,18 @@ seeds and not others), so everything here is per setting *over its seeds*:
 - `curve`: the metric against evaluation length, mean and min-max over seeds (the `length_curve` plot);
 - `position_curve`: token accuracy against the place in the answer at one evaluated length (the `by_position`
   plot), which shows where extrapolation breaks: at the answer's start, its end, or evenly;
-- `summarize` / `section_html`: the "Length generalization" table a sweep enables with
+- `summarize` / `length_table`: the "Length generalization" table a sweep enables with
   `study.length_table: {metric: exact_match, threshold: 0.9, at: 2}` (one row per compared setting):
   the mean in-distribution score (did the model learn the task at all), the longest evaluated length whose
   mean over seeds reaches the threshold, and how many seeds reach it at `at` x their longest training length
   (results.json's `train_lengths`; a length that was not evaluated is said to be, never interpolated).
 
-- `reach_html`: for every sweep whose runs score exact match per length, the fraction of seeds reaching the
+- `reach_table`: for every sweep whose runs score exact match per length, the fraction of seeds reaching the
   threshold at each evaluated length; `degenerate_notes`: the sentences for the cases where there is nothing to
   compare ("no setting generalizes beyond the training length").
 
 No plotting library and no report module is imported here: build.py groups the runs and owns the axes."""
 import difflib
-import html
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -221,18 +220,15 @@ def rows(groups: dict[tuple, list[dict]], keys: list[str], spec: dict) -> tuple[
                                 for key, members in groups.items()]
 
 
-def section_html(groups: dict[tuple, list[dict]], keys: list[str], spec: dict) -> str:
+def length_table(groups: dict[tuple, list[dict]], keys: list[str], spec: dict) -> tuple[str, str, list, list]:
+    """The "Length generalization" table: (its lead, the sentence under it, its header, its rows)."""
     head, body = rows(groups, keys, spec)
     threshold, at = f"{spec['threshold']:g}", f"{spec['at']:g}"
-    intro = (f"<p><b>Length generalization.</b> Per setting, over its seeds: the mean {spec['metric']} on the "
-             f"trained lengths (whether the task was learned at all); the longest evaluated length whose mean over "
-             f"seeds is ≥ {threshold}; and how many seeds (k/n) reach ≥ {threshold} at {at}× their longest training "
-             "length, where single seeds mislead (Zhou et al. 2024).</p>")
-    table = ("<div class='wide'><table class='length-gen'><thead><tr>"
-             + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead><tbody>"
-             + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
-             + "</tbody></table></div>")
-    return intro + table
+    intro = (f"Per setting, over its seeds: the mean {spec['metric']} on the trained lengths (whether the task was "
+             f"learned at all); the longest evaluated length whose mean over seeds is ≥ {threshold}; and how many "
+             f"seeds (k/n) reach ≥ {threshold} at {at}× their longest training length, where single seeds mislead "
+             "(Zhou et al. 2024).")
+    return "Length generalization.", intro, head, body
 
 
 def reached(members: list[dict], metric: str, threshold: float) -> dict[int, tuple[int, int]]:
@@ -247,25 +243,22 @@ def reached(members: list[dict], metric: str, threshold: float) -> dict[int, tup
     return {n: tuple(c) for n, c in sorted(counts.items())}
 
 
-def reach_html(groups: dict[tuple, list[dict]], keys: list[str], metric: str = "exact_match",
-               threshold: float = DEFAULTS["threshold"]) -> str:
-    """The table of seeds reaching `threshold` at each length (k/n), one row per setting; "" when no run scores
-    `metric` per length (an LM)."""
+def reach_table(groups: dict[tuple, list[dict]], keys: list[str], metric: str = "exact_match",
+                threshold: float = DEFAULTS["threshold"]) -> tuple[str, str, list, list] | None:
+    """The table of seeds reaching `threshold` at each length (k/n), one row per setting, as (lead, sentence,
+    header, rows); None when no run scores `metric` per length (an LM)."""
     per_group = {key: reached(members, metric, threshold) for key, members in groups.items()}
     lengths = sorted({n for counts in per_group.values() for n in counts})
     if not lengths:
-        return ""
+        return None
     trained = sorted({run["train_max_length"] for members in groups.values() for run in members
                       if run.get("train_max_length") is not None})
     head = [*keys, *(str(n) for n in lengths)]
     body = [[str(v) for v in key] + [f"{counts[n][0]}/{counts[n][1]}" if n in counts else "–" for n in lengths]
             for key, counts in per_group.items()]
-    intro = (f"<p><b>Seeds reaching {metric} ≥ {threshold:g}</b> at each evaluated length (k of n seeds; trained up "
-             f"to length {', '.join(map(str, trained)) or '?'}: the columns beyond it are extrapolation).</p>")
-    return intro + ("<div class='wide'><table class='reach'><thead><tr>"
-                    + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr></thead><tbody>"
-                    + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
-                    + "</tbody></table></div>")
+    intro = (f"at each evaluated length (k of n seeds; trained up to length {', '.join(map(str, trained)) or '?'}: "
+             "the columns beyond it are extrapolation).")
+    return f"Seeds reaching {metric} ≥ {threshold:g}", intro, head, body
 
 
 def degenerate_notes(runs: list[dict], metric: str = "exact_match",

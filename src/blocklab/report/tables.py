@@ -31,10 +31,14 @@ def _seeds(members: list[dict]) -> str:
 
 
 def metrics_table(groups: dict[tuple, list[dict]], keys: list[str], metrics: list[str],
-                  value: Callable[[dict, str], object]) -> tuple[list[str], list[list[str]]]:
+                  value: Callable[[dict, str], object], learned: dict | None = None,
+                  learned_header: str = "learned") -> tuple[list[str], list[list[str]]]:
+    """`learned`: setting -> (seeds that learned, seeds measured, whether the setting counts as learned); where
+    given, a last column marks each setting, so no row of a setting that did not learn reads as a result."""
     header = [*keys, "seeds"]
     for metric in metrics:
         header += [f"{metric} (mean)", f"{metric} 95% CI"]
+    header += [learned_header] if learned else []
     body = []
     for key, members in groups.items():
         cells = [str(v) for v in key] + [_seeds(members)]
@@ -42,6 +46,9 @@ def metrics_table(groups: dict[tuple, list[dict]], keys: list[str], metrics: lis
             e = stats.estimate([value(m, metric) for m in members])
             missing = f" ({e.n} of {len(members)} seeds)" if e is not None and e.n < len(members) else ""
             cells += [stats.fmt(None if e is None else e.mean), stats.interval(e) + missing]
+        if learned:
+            k, n, ok = learned.get(key, (None, None, None))
+            cells.append("–" if k is None else f"{k}/{n} seeds" + ("" if ok else ", not learned"))
         body.append(cells)
     return header, body
 
