@@ -141,6 +141,7 @@ class SequenceTask(Task):
     places_tokens = True
     supplies: frozenset[str] = frozenset()  # the streams (tasks/placement.py) `streams` computes
     hint_ids: tuple[int, ...] = ()  # the index hint symbols' ids in order (task.index_hints); () without hints
+    length_keys = "task.max_len and task.eval_lengths"
 
     def __init__(self, symbols: list[str], min_len: int, max_len: int, eval_lengths: list[int] | None,
                  batch_size: int, eval_examples: int, eval_seed: int, seed: int, seq2seq: bool = False,

@@ -9,6 +9,11 @@ from torch.utils.data import get_worker_info
 
 from blocklab.registry import Registry
 
+# The longest sequence (prompt and answer, or an LM window) a task builds. Past it one head's attention scores
+# for one example exceed 4 GiB in float32 and building an evaluation set takes minutes on a CPU; no experiment
+# here comes near it (the longest, attention_cost, trains 2048-token windows).
+MAX_SEQ_LEN = 1 << 15
+
 
 def stream_steps(start_step: int) -> Iterator[int]:
     """The training steps whose batches this process builds. In the training process, every step from start_step
@@ -39,6 +44,7 @@ class Task(ABC):
     # `is_next`, and the model gets segment embeddings and a pair classifier. 0: single sequences.
     segments: int = 0
     eval_lengths: list[int]
+    length_keys: str = "the task's lengths"  # the keys that set max_seq_len, for the message past MAX_SEQ_LEN
 
     @property
     def name(self) -> str:

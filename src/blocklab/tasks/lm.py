@@ -25,6 +25,8 @@ def _positive_int(value) -> bool:
 
 @TASKS.register("lm")
 class LMTask(Task):
+    length_keys = "task.block_size times the largest of task.eval_multipliers"
+
     def __init__(self, data: dict, tokenizer: dict, block_size: int, batch_size: int, eval_multipliers: list[int],
                  eval_max_tokens: int, cache_dir: str, seed: int):
         self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
