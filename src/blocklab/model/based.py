@@ -1,0 +1,157 @@
+"""Based (`attn.kind=based`): Arora, Eyuboglu, Zhang, Timalsina, Alberti, Zinsley, Zou, Rudra and Ré 2024, "Simple
+linear attention language models balance the recall-throughput tradeoff" (ICML 2024), sec. 4.
+
+Two token mixers, each with a fixed-size decoding state:
+  - linear attention with the 2nd-order Taylor feature map of exp (sec. 4.1): each head's queries and keys are
+    projected to a small feature dimension d' (16), x' = x / d'^(1/4), and
+        phi(x') = [1, x', vec(x' x'^T) / sqrt(2)],   so   phi(q') . phi(k') = 1 + q'.k' + (q'.k')^2 / 2,
+    the Taylor expansion of exp(q.k / sqrt(d')); normalized as linear attention is (Katharopoulos et al. 2020),
+    y_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j), which is positive for every q, k
+    ((s + 1)^2 + 1) / 2 > 0. Its state: sum phi(k) v^T and sum phi(k), (1 + d' + d'^2) x (d_head + 1) per K/V head.
+  - softmax attention over a small sliding window (64 tokens, itself included), sec. 4.2. Its state: the last
+    window - 1 keys and values.
+Based interleaves the two as separate layers (with gated convolutions). Here one layer sums both paths on the
+same queries, keys and values: a single-layer approximation, so every layer of a Based model can recall exactly
+what is near (the window) and approximately what is far (the Taylor map). The Taylor path reads q and k
+unrotated (no position scheme, as in Based's linear layers); the window path rotates them (RoPE) like softmax.
+
+Training: the linear path is linear_attention's chunked prefix sums; the window path runs in blocks of queries,
+each against the keys it can reach (block + window - 1), so time and memory are linear in the length. GQA/MQA: the
+query heads of a group share their K/V head's features, sums and window. Padding: padded keys get phi = 0 and no
+window weight (a padded query sees itself, so no softmax row is empty)."""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from blocklab.model.attention import ATTENTION_KINDS
+from blocklab.model.linear_attention import KernelAttention, RunningState, is_positive_int, key_valid, with_defaults
+from blocklab.model.recurrent import grouped, padded_to_chunks, recurrent_errors
+
+
+def taylor_features(x: Tensor) -> Tensor:
+    """[1, x, vec(x x^T) / sqrt(2)] of (..., d) -> (..., 1 + d + d^2)."""
+    outer = (x[..., :, None] * x[..., None, :]).flatten(-2) / math.sqrt(2)
+    return torch.cat((x.new_ones(*x.shape[:-1], 1), x, outer), dim=-1)
+
+
+def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, window: int, scale: float) -> Tensor:
+    """softmax(scale q k^T) v over the last `window` keys of each query, itself included, in blocks of queries.
+    q (B, H, G, T, d); k, v (B, H, T + h, d) with the h = window - 1 keys before the queries (or h = 0: none);
+    valid (B, T + h) False where a key is padding. -> (B, H, G, T, d)."""
+    length, held = q.shape[-2], k.shape[-2] - q.shape[-2]
+    front = window - 1 - held  # keys before the first held one: none, so invalid
+    k, v = F.pad(k, (0, 0, front, 0)), F.pad(v, (0, 0, front, 0))
+    valid = F.pad(valid, (front, 0), value=False)
+    block = min(window, length)
+    blocks = -(-length // block)
+    extra = blocks * block - length  # queries past the end: zeros, their outputs dropped
+    k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))
+    valid = F.pad(valid, (0, extra), value=False)
+    reach = block + window - 1  # the keys a block of queries can see
+    kw = k.unfold(-2, reach, block).transpose(-2, -1)  # (B, H, N, reach, d)
+    vw = v.unfold(-2, reach, block).transpose(-2, -1)
+    vaw = valid.unfold(-1, reach, block)  # (B, N, reach)
+    qc = padded_to_chunks(q, block)  # (B, H, G, N, block, d)
+    scores = (qc @ kw[:, :, None].transpose(-2, -1)) * scale  # (B, H, G, N, block, reach)
+    row = torch.arange(block, device=q.device)[:, None]
+    col = torch.arange(reach, device=q.device)[None, :]
+    offset = col - row  # query r of a block is key r + window - 1 of its reach; it sees keys r .. r + window - 1
+    in_window = (offset >= 0) & (offset < window)
+    own = offset == window - 1
+    allowed = (in_window & vaw[:, None, None, :, None, :]) | own
+    weights = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(-1)
+    return (weights @ vw[:, :, None]).flatten(-3, -2)[..., :length, :]
+
+
+def sliding_window_weights(q: Tensor, k: Tensor, valid: Tensor, window: int, scale: float) -> Tensor:
+    """The same weights written out, (B, H, G, T, T), for a pass with no held keys (analysis)."""
+    length = q.shape[-2]
+    index = torch.arange(length, device=q.device)
+    offset = index[:, None] - index[None, :]
+    allowed = ((offset >= 0) & (offset < window) & valid[:, None, None, None, :]) | (offset == 0)
+    scores = (q @ k[:, :, None].transpose(-2, -1)) * scale
+    return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(-1)
+
+
+class BasedState:
+    """Based's decoding state, fixed in size: the Taylor path's running sums and the window's last window - 1
+    (rotated) keys and values with their padding flags, allocated whole at the first step."""
+
+    def __init__(self):
+        self.linear = RunningState()
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+        self.valid: Tensor | None = None
+
+    def bytes(self) -> int:
+        held = [t for t in (self.keys, self.values, self.valid) if t is not None]
+        return self.linear.bytes() + sum(t.numel() * t.element_size() for t in held)
+
+    def drop_oldest(self, count: int) -> None:
+        raise ValueError("Based's state holds a fixed window, not keys a pattern could drop; it takes no "
+                         "attn.window (its own is attn.window_size)")
+
+
+@ATTENTION_KINDS.register("based")
+class Based(KernelAttention):
+    """Based (module docstring). Options: chunk (tokens per chunk of the linear path's prefix sums), feature_dim
+    (d', 16 in the paper), window_size (the sliding window, 64 in the paper)."""
+
+    def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
+                 chunk: int = 64, feature_dim: int = 16, window_size: int = 64):
+        super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)
+        self.feature_dim, self.window_size = feature_dim, window_size
+        self.feature_proj = nn.Linear(self.d_head, feature_dim, bias=False)  # per head, shared by q and k
+
+    @classmethod
+    def errors(cls, cfg, options):
+        errs = recurrent_errors(cls.registry_name, cfg, options)
+        merged = with_defaults(cls.registry_name, options)
+        for key, what in (("feature_dim", "the Taylor map's feature dimension d'"),
+                          ("window_size", "tokens in the sliding window, itself included")):
+            if not is_positive_int(merged[key]):
+                errs.append(f"attn.{key}={merged[key]!r} must be a positive integer ({what})")
+        return errs
+
+    def features(self, x, is_query):
+        projected = self.feature_proj(x) / self.feature_dim ** 0.25
+        return taylor_features(projected), None
+
+    def new_state(self) -> BasedState:
+        return BasedState()
+
+    def rotate(self, q, k, ctx):
+        return q, k  # the window path rotates its own copies; the Taylor path reads them unrotated
+
+    def attend(self, q, k, v, ctx, state):
+        linear = super().attend(q, k, v, ctx, None if state is None else state.linear)
+        linear_weights = self.last_weights if ctx.need_weights else None
+        dtype = q.dtype
+        with torch.autocast(q.device.type, enabled=False):
+            q, k, v = (t.to(torch.promote_types(dtype, torch.float32)) for t in (q, k, v))
+            q, k = ctx.position_scheme.rotate(q, k, ctx.positions)
+            valid = key_valid(ctx, k.shape[2])
+            valid = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device) if valid is None else valid
+            valid = valid.expand(k.shape[0], -1)
+            qg = grouped(q, self.n_kv_heads)
+            if ctx.need_weights:
+                if state is not None:
+                    raise ValueError("attention weights are not available while decoding with a recurrent state")
+                weights = sliding_window_weights(qg, k, valid, self.window_size, self.scale)
+                self.last_weights = linear_weights + weights.flatten(1, 2)
+                return linear + (weights @ v[:, :, None]).flatten(1, 2).to(dtype)
+            if state is not None:
+                if state.keys is None:
+                    held = self.window_size - 1
+                    state.keys = k.new_zeros(*k.shape[:2], held, k.shape[-1])
+                    state.values = v.new_zeros(*v.shape[:2], held, v.shape[-1])
+                    state.valid = valid.new_zeros(k.shape[0], held)
+                k, v = torch.cat((state.keys, k), 2), torch.cat((state.values, v), 2)
+                valid = torch.cat((state.valid, valid), 1)
+                keep = self.window_size - 1
+                state.keys, state.values, state.valid = k[:, :, k.shape[2] - keep:], v[:, :, v.shape[2] - keep:], \
+                    valid[:, valid.shape[1] - keep:]
+            window = sliding_window_attention(qg, k, v, valid, self.window_size, self.scale)
+        return linear + window.flatten(1, 2).to(dtype)
