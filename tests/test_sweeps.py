@@ -208,7 +208,7 @@ def test_a_job_folder_written_by_a_packed_sweep_resumes_and_is_reused(tmp_path):
     saved = OmegaConf.to_container(config, resolve=True)
     saved["study"]["pack_seeds"] = True
     OmegaConf.save(OmegaConf.create(saved), run_dir / ".hydra" / "config.yaml")
-    torch.save({"global_step": 7}, run_dir / "checkpoints" / "last.ckpt")
+    torch.save({"global_step": 7, "state_dict": {}}, run_dir / "checkpoints" / "last.ckpt")
     assert prepare(config).start_step == 7
     write_results(run_dir, {"status": "completed"})
     assert check_sweep_jobs([*job, f"hydra.sweep.dir={folder}"]) == 1
@@ -324,7 +324,7 @@ def test_job_names_leave_out_what_does_not_change_results(extras):
 @pytest.mark.parametrize("group", ["logger", "diagnostics"])
 def test_every_key_of_logger_and_diagnostics_stays_out_of_job_names(group):
     """Hydra matches excluded keys exactly: each key these groups define must be listed in config.yaml."""
-    from blocklab.overrides import names_the_job
+    from blocklab.naming import names_the_job
 
     for option in (CONF / group).glob("*.yaml"):
         cfg = compose_config([f"{group}={option.stem}"])

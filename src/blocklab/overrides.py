@@ -2,13 +2,11 @@
 malformed override is answered with one line that names the fix, instead of Hydra's message of up to 20
 lines (the config search path among them, and "use +key" for a misspelled key, which is the wrong fix).
 Hydra's compose API is all it needs: no torch, no run directory. HYDRA_FULL_ERROR=1 skips the check.
-
-Also here: which overrides name a sweep job (conf/config.yaml's override_dirname.exclude_keys)."""
+Also here: a multirun's jobs as Hydra's basic sweeper expands them, and the folder name Hydra gives each."""
 import contextlib
 import copy
 import difflib
 import io
-from functools import cache
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
@@ -252,31 +250,11 @@ def _one_line(message: str) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
-@cache
-def job_name_excluded_keys() -> frozenset[str]:
-    """Keys that are not part of a sweep job's identity (conf/config.yaml's override_dirname.exclude_keys):
-    they do not change its results, or say where it writes. Hydra matches them exactly, as written."""
-    conf = OmegaConf.load(CONF_DIR / "config.yaml")
-    return frozenset(conf.hydra.job.config.override_dirname.exclude_keys)
-
-
 def job_dirname(overrides: list[str], naming) -> str:
     """The folder name Hydra gives a sweep job with these overrides (hydra.job.override_dirname), under the
     naming settings `naming` (hydra.job.config.override_dirname)."""
     return get_overrides_dirname(OverridesParser.create().parse_overrides(overrides), list(naming.exclude_keys),
                                  naming.item_sep, naming.kv_sep)
-
-
-def override_key(override: str) -> str:
-    """The key an override sets: `+logger.mode=online` -> logger.mode, `~model.dropout` -> model.dropout."""
-    return override.partition("=")[0].lstrip("+~").partition("@")[0]
-
-
-def names_the_job(override: str) -> bool:
-    """Whether an override (`pos=rope`, `+logger.mode=online`) is part of a sweep job's directory name, as
-    Hydra decides it: not for the excluded keys, nor for Hydra's own (hydra.*, hydra/launcher)."""
-    key = override_key(override)
-    return key not in job_name_excluded_keys() and not key.startswith(("hydra.", "hydra/"))
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:

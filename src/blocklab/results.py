@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from blocklab.errors import ConfigError, RunFolderError
-from blocklab.overrides import names_the_job
+from blocklab.naming import names_the_job
 
 # What every run directory holds besides results.json: enough to rebuild and use the model.
 RESULTS_FILE, MODEL_FILE, TOKENIZER_FILE = "results.json", "model.json", "tokenizer.json"

@@ -15,7 +15,7 @@ from blocklab.model.block import Residual
 from blocklab.model.config import FfnConfig
 from blocklab.model.ffn import FFN, FFN_KINDS
 from blocklab.model.norm import PLACEMENTS
-from blocklab.overrides import names_the_job
+from blocklab.naming import names_the_job
 from blocklab.train.module import LitTransformer
 from blocklab.train.outcome import choices
 from blocklab.train.run import prepare

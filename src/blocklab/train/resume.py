@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY, load_checkpoint
 from blocklab.errors import ConfigError
-from blocklab.overrides import job_name_excluded_keys, override_key
+from blocklab.naming import job_name_excluded_keys, override_key
 from blocklab.results import CHECKPOINT, SAVED_CONFIG, flatten
 
 # Keys BlockLab had and removed, which never changed what a run computes: a run saved with them still resumes.

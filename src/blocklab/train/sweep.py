@@ -219,7 +219,8 @@ def check_sweep_jobs(overrides: list[str]) -> int:
 
     from blocklab.paths import CONF_DIR
     from blocklab.experiment import config_errors
-    from blocklab.overrides import names_the_job, sweep_jobs
+    from blocklab.naming import names_the_job
+    from blocklab.overrides import sweep_jobs
 
     jobs = sweep_jobs(overrides)
     problems: dict[str, list[str]] = {}
@@ -278,7 +279,8 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
     import yaml
 
     from blocklab import study_folder
-    from blocklab.overrides import job_dirname, override_key
+    from blocklab.naming import override_key
+    from blocklab.overrides import job_dirname
     from blocklab.results import CHECKPOINT
     from blocklab.train.resume import config_differences
 
