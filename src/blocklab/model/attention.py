@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from blocklab.model.cache import DecodingCache, KVState, LayerState
 from blocklab.model.mask import AttentionContext
 from blocklab.model.patterns import ATTENTION_PATTERNS
+from blocklab.model.short_conv import ConvState, ShortConv
 from blocklab.registry import Registry
 
 # The constructor arguments every kind gets from the model config; the rest are the kind's own options.
@@ -44,6 +45,7 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(n_heads * self.d_head, d_model, bias=bias)
         self.q_norm = nn.RMSNorm(self.d_head) if qk_norm else None  # None, not Identity: a module call less
         self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else None
+        self.short_conv: ShortConv | None = None  # attn.short_conv, set by build_attention for every kind
         self.last_weights: Tensor | None = None
         self.register_load_state_dict_pre_hook(_stack_separate_projections)
 
@@ -101,7 +103,11 @@ class Attention(nn.Module):
         if memory is None:
             # Split before the head view: the backward then joins the three gradients straight into
             # (B, T, .) instead of also copying a transposed (B, T, heads, d_head).
-            q, k, v = (self._heads(part) for part in self.qkv_proj(x).split(self.qkv_sizes, dim=-1))
+            qkv = self.qkv_proj(x)
+            if self.short_conv is not None:
+                conv_state = None if ctx.cache is None else ctx.cache.state(("conv", layer), ConvState)
+                qkv = self.short_conv(qkv, None if ctx.k_valid is None else ctx.k_valid[:, -x.shape[1]:], conv_state)
+            q, k, v = (self._heads(part) for part in qkv.split(self.qkv_sizes, dim=-1))
             q, k = _normed(q, self.q_norm), _normed(k, self.k_norm)
             q, k = self.rotate(q, k, ctx)
             if ctx.cache is not None:
@@ -193,8 +199,11 @@ def build_attention(cfg) -> Attention:
     """The configured kind for one layer of a ModelConfig."""
     kind = ATTENTION_KINDS[cfg.attn.kind]
     options = {**kind.derived_options(cfg), **{k: v for k, v in cfg.attn.options.items() if v is not None}}
-    return kind(cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head), cfg.attn.qk_norm,
-                cfg.dropout, cfg.bias, **options)
+    attention = kind(cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head),
+                     cfg.attn.qk_norm, cfg.dropout, cfg.bias, **options)
+    if cfg.attn.short_conv:
+        attention.short_conv = ShortConv(sum(attention.qkv_sizes), cfg.attn.short_conv)
+    return attention
 
 
 def _normed(x: Tensor, norm: nn.Module | None) -> Tensor:

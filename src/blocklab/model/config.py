@@ -63,6 +63,7 @@ class AttnConfig:
     scale: float | str | None = None  # None: 1/sqrt(d_head); "none": 1 (unscaled); a number: that number
     scale_factor: float = 1.0  # multiplies the scale: 0.5 with scale null is 1/(2 sqrt(d_head))
     qk_norm: bool = False
+    short_conv: int = 0  # width of a depthwise causal convolution on q, k, v (model/short_conv.py); 0: none
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own keyword arguments
     pattern_options: dict[str, Any] = field(default_factory=dict)  # the pattern's own (stride, dilation...)
 
