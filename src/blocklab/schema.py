@@ -5,6 +5,8 @@ A key's spec says what values it takes and, in its error, what to type instead. 
 checked by that variant's registry entry (`config_errors` runs both); here each group lists the
 keys the framework itself reads. Unknown keys of a closed group get a did-you-mean."""
 import difflib
+import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +28,16 @@ class Spec:
 @dataclass(frozen=True)
 class Int(Spec):
     low: int | None = None  # smallest value allowed
+    high: int | None = None  # largest value allowed
 
     def accepts(self, value):
-        return isinstance(value, int) and not isinstance(value, bool) and (self.low is None or value >= self.low)
+        return isinstance(value, int) and not isinstance(value, bool) and (self.low is None or value >= self.low) \
+            and (self.high is None or value <= self.high)
 
     @property
     def expect(self):
+        if self.high is not None:
+            return f"an integer in [{self.low}, {self.high}]"
         return {None: "an integer", 0: "an integer >= 0", 1: "a positive integer"}.get(self.low,
                                                                                         f"an integer >= {self.low}")
 
@@ -211,6 +217,10 @@ POSITIVE_INT, POSITIVE = Int(1), Number(0, low_open=True)
 PRECISIONS = {"32-true": "32-true", "32": "32-true", 32: "32-true", "bf16-mixed": "bf16-mixed",
               "64-true": "64-true", "64": "64-true", 64: "64-true"}
 
+SEED_MAX = 2**32 - 1  # numpy's seed range is [0, 2**32)
+# Bytes of training state per parameter: the weight, its gradient and Adam's two moments.
+STATE_COPIES = 4
+
 LOGGERS = tuple(f"lightning.pytorch.loggers.{name}" for name in ("WandbLogger", "CSVLogger", "TensorBoardLogger"))
 
 SCHEMA: dict[str, Group] = {
@@ -259,7 +269,8 @@ SCHEMA: dict[str, Group] = {
         "enabled": Bool(), "every_n_steps": POSITIVE_INT, "probe_examples": POSITIVE_INT,
         "sparsity_eps": Number(0), "attention_maps": Choice(("none", "end", "all"), "none, end (init and end) or all (every measurement)")}),
     "": Group({
-        "seed": Int(), "max_loss": Described(Nullable(POSITIVE, ""), "null (no ceiling) or a loss > 0"), "target_loss": Nullable(POSITIVE, "none"),
+        "seed": Described(Int(0, SEED_MAX), f"an integer in [0, {SEED_MAX}] (the range numpy seeds from; "
+                                            "Lightning seeds numpy with it)"), "max_loss": Described(Nullable(POSITIVE, ""), "null (no ceiling) or a loss > 0"), "target_loss": Nullable(POSITIVE, "none"),
         "checkpoint_every": Described(POSITIVE_INT, "a positive number of steps"), "resume": Bool(), "run_dir": Text(),
         "study": Study()}),
 }
@@ -267,9 +278,12 @@ GROUPS = tuple(name for name in SCHEMA if name)
 
 
 def schema_errors(config: dict) -> list[str]:
-    """One line per key whose value its spec refuses, and per unknown key of a group nobody else owns."""
+    """One line per key whose value its spec refuses, and per unknown key of a group nobody else owns. A number
+    that is not finite is refused wherever it is, a variant's own options included: nothing trains with it."""
     top = {key: value for key, value in config.items() if key not in GROUPS and key != "hydra"}
-    errors = []
+    errors = non_finite_errors({key: value for key, value in config.items() if key != "hydra"})
+    if errors:
+        return errors
     for name in SCHEMA:
         values = top if not name else config.get(name)
         if not isinstance(values, dict):
@@ -291,9 +305,48 @@ def group_errors(name: str, values: dict) -> list[str]:
     return errors
 
 
+def non_finite_errors(values: Any, key: str = "") -> list[str]:
+    """One line per key holding inf or NaN (in a list too): a loss computed with one is NaN at the first step,
+    which would be recorded as a diverged run rather than a config error."""
+    if isinstance(values, dict):
+        return [line for name, value in values.items()
+                for line in non_finite_errors(value, f"{key}.{name}" if key else str(name))]
+    if isinstance(values, list):
+        if any(non_finite_errors(value) for value in values):
+            return [f"{key}={values!r} must hold finite numbers only (inf and nan cannot train)"]
+        return []
+    if isinstance(values, float) and not math.isfinite(values):
+        return [f"{key}={values!r} must be a finite number (inf and nan cannot train)"]
+    return []
+
+
+def physical_memory() -> int | None:
+    """This machine's RAM in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def parameter_bytes(model: dict, precision) -> int:
+    """A lower bound on the bytes training a model of this size holds: its attention and FFN weights alone (no
+    embeddings, no norms, one stack of layers), each with its gradient and Adam's two moments."""
+    d, layers = model["d_model"], model["n_layers"]
+    d_ff = model["d_ff"] if model.get("d_ff") is not None else 4 * d
+    per_layer = 4 * d * d + (2 * d * d_ff if model.get("ffn", True) else 0)  # q, k, v, out; the FFN's two matrices
+    width = 8 if PRECISIONS.get(precision) == "64-true" else 4
+    return layers * per_layer * width * STATE_COPIES
+
+
 def _cross_errors(config: dict) -> list[str]:
     """Constraints between keys of the framework's groups."""
     optim, pos, errors = config["optim"], config["pos"], []
+    memory, needed = physical_memory(), parameter_bytes(config["model"], config["trainer"].get("precision"))
+    if memory is not None and needed > memory:
+        model = config["model"]
+        errors.append(f"model.d_model={model['d_model']}, model.n_layers={model['n_layers']} need at least "
+                      f"{needed / 2**30:.3g} GiB to train (weights, gradients and Adam's moments) and this machine "
+                      f"has {memory / 2**30:.3g} GiB; make the model smaller")
     if "min_lr" in optim and "lr" in optim and optim["min_lr"] > optim["lr"]:
         errors.append(f"optim.min_lr={optim['min_lr']} must be at most optim.lr={optim['lr']}")
     if pos.get("randomize") and pos.get("random_max") is None:

@@ -92,6 +92,15 @@ class NoPE(PositionScheme):
     """No positional information; a causal mask still breaks permutation symmetry."""
 
 
+def base_errors(base: float) -> list[str]:
+    """The frequencies base^(-2i/d) fall from 1 towards 1/base only for base > 1: base 1 gives every pair the same
+    frequency, below 1 they grow past 1 radian per position, and base <= 0 is NaN at the first step."""
+    if base > 1:
+        return []
+    return [f"pos.base={base!r} must be > 1 (frequencies base^(-2i/d) fall from 1 to 1/base; "
+            "the papers use 10000)"]
+
+
 def _angles(positions: Tensor, dim: int, base: float) -> Tensor:
     """positions (B, T) -> angles (B, T, dim/2) with frequencies base^(-2i/dim)."""
     inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
@@ -111,7 +120,8 @@ class Sinusoidal(PositionScheme):
 
     @classmethod
     def errors(cls, cfg, options):
-        return [f"pos=sinusoidal needs an even model.d_model (got {cfg.d_model})"] if cfg.d_model % 2 else []
+        errs = [f"pos=sinusoidal needs an even model.d_model (got {cfg.d_model})"] if cfg.d_model % 2 else []
+        return errs + base_errors(options["base"])
 
     def table(self, positions: Tensor) -> Tensor:
         return self.memo.get((positions,), (), lambda: self._table(positions))
@@ -166,7 +176,7 @@ class RoPE(PositionScheme):
         if cfg.d_head % 2:
             return [f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {cfg.d_head}; "
                     "change model.n_heads or model.d_model"]
-        return []
+        return base_errors(options["base"])
 
     def rotate(self, q, k, positions):
         rotation = self.rotations(positions, q.dtype)
