@@ -4,7 +4,13 @@ from omegaconf import DictConfig, OmegaConf
 __version__ = "0.1.0"
 
 # `${mul:300,${study.scale}}` in sweep files: training steps scaled by one knob.
-OmegaConf.register_new_resolver("mul", lambda a, b: int(a * b), replace=True)
+def _mul(a, b) -> int:
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b)):  # 'abc' * 800 is a string
+        raise ValueError(f"mul needs two numbers, got {a!r} and {b!r}")
+    return int(a * b)
+
+
+OmegaConf.register_new_resolver("mul", _mul, replace=True)
 
 
 def _if_study(with_study: str, without: str, *, _root_: DictConfig) -> str:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
+from blocklab.schema import SEED_MAX
 from blocklab.tasks.base import IGNORE, ddp_rank, device_of, model_inputs, on_device
 from blocklab.tasks.interface import TASKS, stream_steps
 from blocklab.tasks.lm import LMTask, RandomWindows
@@ -116,8 +117,9 @@ class MLMTask(LMTask):
                         f"{probs['mask_token_prob'] + probs['random_token_prob']:g} > 1: they split the selected "
                         "tokens with those left unchanged; make the sum at most 1 (BERT: 0.8 + 0.1)")
         seed = cfg.get("eval_seed")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            errs.append(f"task.eval_seed={seed!r} must be an integer")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
+            errs.append(f"task.eval_seed={seed!r} must be an integer in [0, {SEED_MAX}] (torch seeds the masks "
+                        "from it times 1000003)")
         block = cfg.get("block_size")  # task.nsp's type the registry checks against the signature's default
         if cfg.get("nsp") is True and isinstance(block, int) and block < 5:
             errs.append(f"task.nsp=true with task.block_size={block}: a pair [CLS] A [SEP] B [SEP] needs at least "
