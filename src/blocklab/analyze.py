@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from blocklab.errors import ConfigError, exit_on
+from blocklab.errors import ConfigError, OneLineParser, exit_on
 from blocklab.results import unfinished_run_error
 from blocklab.startup import uncollected_imports
 
@@ -65,7 +65,7 @@ def _write(model, setup, out: Path, tag: str, about: dict) -> list[Path]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("target", nargs="*", help="RUN_DIR, or with --init: config overrides")
     parser.add_argument("--init", action="store_true", help="analyse a freshly initialised model")
     parser.add_argument("--out", type=Path, default=None, help="output directory for --init")
@@ -74,6 +74,10 @@ def main(argv=None) -> None:
         if len(args.target) != 1:
             parser.error("give one RUN_DIR, or --init with config overrides")
         exit_on(unfinished_run_error(Path(args.target[0])))  # before torch and Lightning are imported
+    else:  # the overrides as train.py checks them: a misspelled key or a bad value is one line, not Hydra's traceback
+        from blocklab.overrides import command_line_error
+
+        exit_on(command_line_error(args.target))
     try:
         with uncollected_imports("blocklab.train.diagnostics"):
             import blocklab.experiment, blocklab.train.diagnostics  # noqa: F401,E401  torch, Lightning, matplotlib

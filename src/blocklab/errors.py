@@ -1,3 +1,4 @@
+import argparse
 import sys
 
 
@@ -16,3 +17,11 @@ def exit_on(error: str | None) -> None:
         for line in error.splitlines():
             print(f"error: {line}", file=sys.stderr)
         raise SystemExit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusal (a missing argument, an integer option given a word) is one line and exit 2, as every
+    other refusal is, instead of the usage and then the error."""
+
+    def error(self, message: str):
+        exit_on(f"{message}; see {self.prog} --help")

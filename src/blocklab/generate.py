@@ -1,20 +1,23 @@
-"""Continue a prompt with a trained run: python -m blocklab.generate RUN_DIR --prompt "..." [options]."""
-import argparse
+"""Continue a prompt with a trained run: python -m blocklab.generate RUN_DIR --prompt "..." [options].
+Bad input (an option out of range, a run folder that is missing, damaged or cannot generate) is one line on
+stderr and exit 2, as for training; the options are checked before torch is imported."""
+import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from tokenizers import Tokenizer
 
-from blocklab.errors import ConfigError
-from blocklab.experiment import Setup
-from blocklab.model.generate import generate
-from blocklab.model.transformer import ARCHITECTURES
-from blocklab.tasks.placement import Placement
+from blocklab.errors import ConfigError, OneLineParser, exit_on
+from blocklab.results import unfinished_run_error
+from blocklab.schema import SEED_MAX
+
+if TYPE_CHECKING:
+    from blocklab.tasks.placement import Placement
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--prompt", default="", help="text to continue (copy: e.g. 'abc<sep>')")
     parser.add_argument("--max-new-tokens", type=int, default=200)
@@ -23,22 +26,48 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-cache", action="store_true", help="recompute the full context at every step")
     args = parser.parse_args(argv)
+    exit_on(option_error(args) or unfinished_run_error(args.run_dir))
     try:
-        setup = Setup.from_run_dir(args.run_dir)
-    except ConfigError as err:
-        raise SystemExit(f"error: {err}") from None
+        text = _continue(args)
+    except ConfigError as err:  # a damaged run file, or a run that cannot continue a free prompt
+        exit_on(str(err))
+    sys.stdout.write(text + "\n")
+
+
+def option_error(args) -> str | None:
+    """The one line for a sampling option no generation can use (a negative count, temperature or k)."""
+    if args.max_new_tokens < 1:
+        return f"--max-new-tokens={args.max_new_tokens} must be a positive number of tokens, e.g. 200"
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        return f"--temperature={args.temperature} must be a finite number >= 0 (0: greedy, 1: the model's own distribution)"
+    if args.top_k is not None and args.top_k < 1:
+        return f"--top-k={args.top_k} must be a positive integer (the k most likely tokens sampled from), or left out for all"
+    if not 0 <= args.seed <= SEED_MAX:
+        return f"--seed={args.seed} must be an integer in [0, {SEED_MAX}]"
+    return None
+
+
+def _continue(args) -> str:
+    """The prompt and what the run's model writes after it; ConfigError where the run cannot."""
+    import torch
+
+    from blocklab.experiment import Setup
+    from blocklab.model.generate import generate
+    from blocklab.model.transformer import ARCHITECTURES
+    from blocklab.tasks.placement import Placement
+
+    setup = Setup.from_run_dir(args.run_dir)
     if not ARCHITECTURES[setup.model_cfg.arch].generates:
-        raise SystemExit(f"error: {args.run_dir} trained model.arch={setup.model_cfg.arch}, which fills in masked "
-                         "tokens and does not continue a prompt; generate from a run with model.arch=decoder or "
-                         "encoder_decoder")
+        raise ConfigError(f"{args.run_dir} trained model.arch={setup.model_cfg.arch}, which fills in masked "
+                          "tokens and does not continue a prompt; generate from a run with model.arch=decoder or "
+                          "encoder_decoder")
     placement_error = derived_positions_error(Placement.from_pos(setup.groups["pos"]))
     if placement_error:
-        raise SystemExit(f"error: {args.run_dir} {placement_error}")
+        raise ConfigError(f"{args.run_dir} {placement_error}")
     tokenizer = setup.saved_tokenizer()
     unknown_error = unknown_characters_error(tokenizer, args.prompt)
     if unknown_error:
-        print(f"error: {unknown_error}", file=sys.stderr)
-        raise SystemExit(2)
+        raise ConfigError(unknown_error)
     model = setup.trained_model()
     ids = tokenizer.encode(args.prompt).ids
     eos = tokenizer.token_to_id("<eos>")
@@ -51,10 +80,10 @@ def main(argv=None) -> None:
     new = out[0].tolist()
     if eos in new:
         new = new[: new.index(eos) + 1]
-    sys.stdout.write(args.prompt + tokenizer.decode(new, skip_special_tokens=False) + "\n")
+    return args.prompt + tokenizer.decode(new, skip_special_tokens=False)
 
 
-def derived_positions_error(placement: Placement) -> str | None:
+def derived_positions_error(placement: "Placement") -> str | None:
     """Coupled ids, Abacus digit indices and randomized positions come from the task's view of each example
     (which digit of which number, a draw over [0, L)); a free prompt has none to give."""
     settings = [f"pos.{key}" for key, on in (("coupled", placement.coupled), ("abacus", placement.abacus),
