@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from blocklab.paths import CONF_DIR
 from blocklab.schema import schema_errors
@@ -40,12 +40,17 @@ def command_line_error(argv: list[str]) -> str | None:
         return None  # Hydra's own answer: help, a bad flag, or a primary config other than ours
     try:
         check_overrides(args.overrides, multirun=args.multirun)
+        command_problem(args)
         # A single run's values are checked here too (a sweep checks every job, after importing torch).
         config = single_run_config(argv)
         errors = [] if config is None else schema_errors(config)
+        if not errors and not args.cfg:  # the folder Hydra makes before BlockLab's code runs
+            errors = list(filter(None, [output_dir_error(args.overrides, args.multirun)]))
     except OverrideError as err:
         return str(err)
-    except (HydraException, OmegaConfBaseException, ValueError):
+    except (HydraException, OmegaConfBaseException, ValueError) as err:
+        if isinstance(err, InterpolationResolutionError):
+            return interpolation_error(err)
         return None  # a failure this check has no line for: Hydra's own answer, as before
     return "\n".join(errors) or None
 
@@ -280,3 +285,80 @@ def is_multirun(argv: list[str]) -> bool:
 def command_line_overrides(argv: list[str]) -> list[str]:
     args = _hydra_args(argv)
     return [] if args is None else list(args.overrides)
+
+
+# --- whole-command checks: what no single override shows ------------------------------------------------------
+
+def command_problem(args) -> None:
+    """OverrideError for a command line Hydra would run but not as typed: a key set twice (Hydra keeps the last
+    without a word), or a sweep file without -m (Hydra would train its first job alone)."""
+    from blocklab.naming import override_key
+
+    keys: dict[str, list[str]] = {}
+    for override in args.overrides:
+        keys.setdefault(override_key(override), []).append(override)
+    for key, overrides in keys.items():
+        if len(overrides) > 1:
+            raise OverrideError(f"{key} is set {len(overrides)} times ({' '.join(overrides)}); Hydra would keep "
+                                f"the last without a word: keep one", key=key)
+    sweep = next((o for o in args.overrides if override_key(o) == "sweep" and not o.startswith("~")), None)
+    if sweep is not None and not args.multirun and not args.cfg and sweep.partition("=")[2] not in ("", "null"):
+        raise OverrideError(f"{sweep} names a sweep, which runs as a multirun only (without -m it would train its "
+                            f"first job alone, which is refused); run: {_program()} -m {' '.join(args.overrides)}",
+                            key="sweep")
+
+
+def _program() -> str:
+    """How the command was started, to spell a corrected one: `python train.py` or `python -m blocklab.train`."""
+    import sys
+    from pathlib import Path
+
+    return "python -m blocklab.train" if Path(sys.argv[0]).name == "__main__.py" else "python train.py"
+
+
+def output_dir_error(overrides: list[str], multirun: bool) -> str | None:
+    """The one line for a run (or sweep) folder Hydra could not create: Hydra makes it before any of BlockLab's
+    code runs, and its failure is a traceback. None where the folder exists or its parent can take it."""
+    import os
+    from pathlib import Path
+
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        try:
+            cfg = _compose([o.input_line for o in _parse(overrides) if not o.is_sweep_override()] + ["run_dir=unused"])
+        except OverrideError:  # a key only a swept option has (-m pos=rope,learned pos.max_len=64): the jobs' check
+            return None
+        for group in cfg:  # a value the folder's name reads (study.scale) is named for itself, not as the folder
+            if group != "hydra" and isinstance(cfg[group], DictConfig):
+                OmegaConf.to_container(cfg[group], resolve=True)
+        folder = Path(OmegaConf.select(cfg, key))
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    if existing == folder and folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
+        return None
+    if not existing.is_dir():
+        why = f"{existing} is a file, not a folder"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"{existing} is not writable (permissions, or a read-only file system)"
+    else:
+        return None
+    return f"{key}={folder} cannot be created: {why}; choose another {key}"
+
+
+def interpolation_error(err: OmegaConfBaseException) -> str:
+    """One line for a value whose ${...} cannot be resolved (an unset environment variable, a reference to no
+    key, a resolver given the wrong kind of value), naming the key, its text and what it refers to."""
+    import re
+
+    key, parent = getattr(err, "full_key", None), getattr(err, "parent_node", None)
+    leaf = str(key).rpartition(".")[2]
+    text = parent._get_node(leaf)._value() if isinstance(parent, DictConfig) and leaf in parent else None
+    root = parent._get_root() if parent is not None else None
+    absent = object()
+    values = {} if root is None or not isinstance(text, str) else {
+        ref: OmegaConf.select(root, ref, default=absent, throw_on_resolution_failure=False)
+        for ref in re.findall(r"\$\{([\w.]+)\}", text)}
+    refs = [f"{ref} is not a key" if value is absent else f"{ref}={value!r}" for ref, value in values.items()]
+    what = f"{key}={text}" if text is not None else str(key or "a value")
+    detail = str(getattr(err, "msg", err)).splitlines()[0].replace(" raised while resolving interpolation", "")
+    return (f"{what} cannot be resolved{' (' + ', '.join(refs) + ')' if refs else ''}: {detail[:200]}; "
+            "give the value directly, or set what it refers to")
