@@ -79,12 +79,18 @@ def _check_every_job(argv: list[str]) -> None:
     from blocklab.overrides import command_line_overrides
     from blocklab.train.sweep import SWEEP_JOBS_ENV, check_sweep_jobs
 
+    from omegaconf.errors import InterpolationResolutionError
+
     try:
         os.environ[SWEEP_JOBS_ENV] = str(check_sweep_jobs(command_line_overrides(argv)))
     except ConfigError as err:
         for line in str(err).splitlines():
             print(f"error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
+    except InterpolationResolutionError as err:  # a swept value a ${...} cannot use (study.scale=abc)
+        from blocklab.overrides import interpolation_error
+
+        exit_on(interpolation_error(err))
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
