@@ -1,10 +1,12 @@
 """Read every run of a sweep (or of a folder of sweeps) into flat rows."""
 import json
+import re
 from itertools import pairwise
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from blocklab.errors import ConfigError
 from blocklab.paths import CONF_DIR
 from blocklab.results import RESULTS_FILE, flatten, swept_overrides
 
@@ -69,25 +71,134 @@ def early_loss(curve: list | None, planned_steps: int | None, fraction: float = 
     return loss if abs(step - target) <= spacing else None
 
 
+class UnreadableRun(ConfigError):
+    """A run's results.json or saved config that the report cannot read: one line naming the file and the fix."""
+
+    def __init__(self, path: Path, why: str):
+        why = " ".join(str(why).split())[:300]  # one line, however the parser wrote it
+        super().__init__(f"{path}: unreadable ({why}); delete it and rerun the sweep's command to re-evaluate that run, "
+                         "or move the run's folder out of the sweep folder")
+
+
+STATUSES = ("completed", "diverged", "failed", "invalid")
+
+
+def _number(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _scalar(value) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _problems(results) -> str | None:
+    """What in a parsed results.json the report cannot use (a bit flip that kept it JSON), None where nothing."""
+    if not isinstance(results, dict):
+        return "not a JSON object"
+    if results.get("status") not in STATUSES:
+        return f"status {str(results.get('status'))[:40]!r} is not one of {', '.join(STATUSES)}"
+    for key in ("study", "task", "machine"):
+        if not (results.get(key) is None or isinstance(results[key], str)):
+            return f"{key} is not text"
+    if not isinstance(results.get("overrides", []), list) or not all(isinstance(o, str) for o in results.get("overrides", [])):
+        return "overrides is not a list of key=value strings"
+    if not isinstance(results.get("choices", {}), dict) or not all(
+            isinstance(k, str) and _scalar(v) for k, v in results.get("choices", {}).items()):
+        return "choices is not a mapping of names to values"
+    if results["status"] in ("failed", "invalid"):
+        return None
+    for key in ("final_val_loss", "final_train_loss", "params", "tokens_per_s", "steps", "ms_per_step",
+                "steps_to_target_loss"):
+        if not _number(results.get(key)):
+            return f"{key} is not a number"
+    lengths = results.get("train_lengths")
+    if not (isinstance(lengths, list) and len(lengths) == 2 and all(_count(n) for n in lengths)):
+        return "train_lengths is not a pair of whole numbers"
+    if not isinstance(results.get("eval"), list):
+        return "eval is not a list"
+    for entry in results["eval"]:
+        if not isinstance(entry, dict) or not _count(entry.get("length")) or not isinstance(
+                entry.get("in_distribution"), bool):
+            return "an eval row lacks its length or in_distribution"
+        if not all(_number(entry.get(k)) for k in ("exact_match", "exact_match_given_length", "loss", "token_acc",
+                                                   "next_sentence_acc")):
+            return f"a score of the eval row at length {entry['length']} is not a number"
+        by_position = entry.get("token_acc_by_position")
+        if not (by_position is None or isinstance(by_position, list) and all(map(_number, by_position))):
+            return f"token_acc_by_position at length {entry['length']} is not a list of numbers"
+    for key in ("costs", "decode", "diagnostics"):
+        if not (results.get(key) is None or isinstance(results[key], dict)):
+            return f"{key} is not a mapping"
+    return None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _series_ok(series: dict) -> bool:
+    """Per-layer series are numbers (None: not measured), or per head lists of numbers."""
+    return all(isinstance(v, list) and all(_number(x) or (isinstance(x, list) and all(map(_number, x))) for x in v)
+               for v in series.values())
+
+
 def load_run(run_dir: Path) -> dict:
-    results = json.loads((run_dir / RESULTS_FILE).read_text())
+    """A run's row; UnreadableRun (one line) where its results.json or saved config cannot be read: truncated, not
+    JSON, or JSON of another shape (a bit flip can leave it parseable)."""
+    path = run_dir / RESULTS_FILE
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise UnreadableRun(path, f"{type(err).__name__}: {err}") from None
+    if (problem := _problems(results)) is not None:
+        raise UnreadableRun(path, problem)
     config_path = run_dir / ".hydra" / "config.yaml"
-    config = OmegaConf.to_container(OmegaConf.load(config_path)) if config_path.exists() else {}
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(config_path)) if config_path.exists() else {}
+        row = _row(run_dir, results, config)
+    except Exception as err:  # noqa: BLE001 - any parser or shape error of an untrusted file is one line
+        if isinstance(err, UnreadableRun):
+            raise
+        raise UnreadableRun(config_path, f"{type(err).__name__}: {err}") from None
+    try:
+        row.update(_measured(results, row))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        raise UnreadableRun(path, f"{type(err).__name__}: {err}") from None
+    if not all(_series_ok(row.get(f"layers_{when}") or {}) for when in ("init", "end")):
+        raise UnreadableRun(path, "diagnostics holds a per-layer value that is not a number")
+    return row
+
+
+def _row(run_dir: Path, results: dict, config) -> dict:
+    """What the run is: its config flattened, study, task, overrides and choices."""
+    if not isinstance(config, dict):
+        raise ValueError("not a mapping of config keys")
+    study = config.get("study") or {}
+    if not isinstance(study, dict):
+        raise ValueError("study is not a mapping")
     row = {"run": str(run_dir), "status": results["status"], "error": results.get("error")}
     row.update({key: value for key, value in flatten(config).items()
                 if not isinstance(value, list)})  # lists (eval lengths, plot specs) make no table column
-    row["study"] = results.get("study") or (config.get("study") or {}).get("name")
+    row["study"] = results.get("study") or study.get("name")
+    if not (row["study"] is None or isinstance(row["study"], str)):
+        raise ValueError("study.name is not text")
     row["task"] = results.get("task")
     row["overrides"] = dict(o.partition("=")[::2] for o in swept_overrides(results.get("overrides", [])))
     row.update(results.get("choices", {}))
     for key, value in row["overrides"].items():
         row.setdefault(key, value)  # a swept group's choice (method=coupled) names the job as a compare key can
-    if results["status"] in ("failed", "invalid"):  # nothing was measured
-        return row
+    return row
+
+
+def _measured(results: dict, row: dict) -> dict:
+    """What the run measured (nothing for a failed or invalid run)."""
+    if results["status"] in ("failed", "invalid"):
+        return {}
+    row = dict(row)
     evals = results["eval"]
     inside = [r for r in evals if r["in_distribution"]]
     beyond = [r for r in evals if not r["in_distribution"]]
-    decode = results.get("decode", {})
+    decode = results.get("decode") or {}
     row.update({
         "final_val_loss": results["final_val_loss"], "final_train_loss": results["final_train_loss"],
         "params": results["params"], "tokens_per_s": results["tokens_per_s"], "steps": results["steps"],
@@ -129,8 +240,14 @@ def study_specs(root: Path, rows: list[dict]) -> dict[str, dict]:
     for row in rows:
         name = row.get("study")
         if name and name not in specs:
-            config = OmegaConf.to_container(OmegaConf.load(Path(row["run"]) / ".hydra" / "config.yaml"))
-            specs[name] = {**config["study"], **_presentation(name)}
+            path = Path(row["run"]) / ".hydra" / "config.yaml"
+            try:
+                study = OmegaConf.to_container(OmegaConf.load(path))["study"]
+                if not isinstance(study, dict):
+                    raise ValueError("study is not a mapping")
+            except Exception as err:  # noqa: BLE001 - any parser or shape error of an untrusted file is one line
+                raise UnreadableRun(path, f"{type(err).__name__}: {err}") from None
+            specs[name] = {**study, **_presentation(name)}
     return specs
 
 
@@ -138,6 +255,8 @@ PRESENTATION = ("plots", "bench")  # how a study is shown, not what its runs did
 
 
 def _presentation(name: str) -> dict:
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", name):  # `a/b`, `../x`: no sweep file of the package
+        return {}
     path = CONF_DIR / "sweep" / f"{name}.yaml"
     if not path.exists():
         return {}
