@@ -130,3 +130,22 @@ def test_evaluation_scores_the_queried_values_only():
 def test_bad_config_is_one_line_naming_the_key(change, says):
     errs = task_errors({**CFG, **change})
     assert len(errs) == 1 and errs[0].startswith(says) and "\n" not in errs[0], errs
+
+
+TINY = ["trainer=debug", "trainer.max_steps=10", "trainer.val_check_interval=5", "logger=none", "diagnostics=none",
+        "task=mqar", "task.vocab_size=40", "task.seq_len=16", "task.num_kv_pairs=2", "task.eval_buckets=[[16,2],[32,4]]",
+        "task.batch_size=8", "task.eval_examples=8", "model.d_model=32", "model.n_layers=1"]
+
+
+@pytest.mark.parametrize("attn", ["gla", "deltanet", "based", "mha +attn.short_conv=3"])
+def test_training_on_mqar_writes_results_for_the_recurrent_kinds(attn, run_dir):
+    from blocklab.results import read_results
+    from conftest import run_in_process
+
+    kind, *extra = attn.split()
+    run_in_process([*TINY, f"attn={kind}", *[e.lstrip("+") for e in extra]], run_dir)
+    results = read_results(run_dir)
+    rows = {row["length"]: row for row in results["eval"]}
+    assert set(rows) == {2, 4} and rows[2]["in_distribution"] and not rows[4]["in_distribution"]
+    assert rows[4]["seq_len"] == 32 and all(0 <= row["token_acc"] <= 1 for row in rows.values())
+    assert results["choices"]["attn"] == ("mha" if kind == "mha" else kind)

@@ -177,13 +177,18 @@ class MQARTask(Task):
     def probe_batch(self, n: int) -> dict:
         return {key: value[:n] for key, value in self.eval_set(self.num_kv_pairs).items()}
 
-    def _parts(self, pairs: int, rows: int):
+    def rows_per_batch(self, pairs: int) -> int:
+        """Evaluation rows per forward pass: the logits (rows x seq_len x vocab) kept to about 2^22 numbers."""
+        return max(1, min(256, 2 ** 22 // (self.buckets[pairs] * self._vocab_size)))
+
+    def _parts(self, pairs: int):
         full = self.eval_set(pairs)
+        rows = self.rows_per_batch(pairs)
         for start in range(0, self.eval_examples, rows):
             yield {key: value[start:start + rows] for key, value in full.items()}
 
-    def validation_batches(self, batch_size: int = 256) -> list[dict]:
-        return [{**part, "length": pairs} for pairs in self.eval_lengths for part in self._parts(pairs, batch_size)]
+    def validation_batches(self) -> list[dict]:
+        return [{**part, "length": pairs} for pairs in self.eval_lengths for part in self._parts(pairs)]
 
     @torch.no_grad()
     def evaluate(self, model) -> list[dict]:
@@ -192,7 +197,7 @@ class MQARTask(Task):
         rows = []
         for pairs in self.eval_lengths:
             loss_sum = right = queries = exact = 0
-            for part in self._parts(pairs, 256):
+            for part in self._parts(pairs):
                 logits = model(on_device(part, device_of(model))["input"]).cpu()
                 target = part["target"]
                 scored = target != IGNORE
