@@ -1,11 +1,13 @@
 """Hydra's own refusals (a misspelled key, an unknown option, a malformed override) are one line naming the
 fix, exit 2, before any run directory exists and before torch is imported; HYDRA_FULL_ERROR=1 keeps Hydra's."""
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from blocklab.overrides import command_line_error
+from blocklab.overrides import command_line_error, output_dir_error
 from conftest import CONF, ROOT, run_cli
 
 BAD = {
@@ -28,6 +30,19 @@ BAD = {
     "sweep without -m": (["seed=0,1"], "error: seed=0,1 is a sweep: add -m (--multirun)"),
     "malformed list": (["model.d_model=[1,"], "error: cannot parse override 'model.d_model=[1,'"),
     "no value": (["model.d_model"], "error: cannot parse override 'model.d_model': missing EQUAL"),
+    # Hydra kept the last value of a key set twice, without a word.
+    "key set twice": (["optim.lr=1", "optim.lr=2"], "error: optim.lr is set 2 times (optim.lr=1 optim.lr=2); "
+                      "Hydra would keep the last without a word: keep one"),
+    # Without -m, Hydra trained the sweep's first job alone; the multirun command is spelled out instead.
+    "sweep without -m": (["sweep=causal_mask", "logger=none"], "error: sweep=causal_mask names a sweep, which runs "
+                         "as a multirun only (without -m it would train its first job alone, which is refused); "
+                         "run: python train.py -m sweep=causal_mask logger=none"),
+    "unset environment variable": (["model.d_model=${oc.env:BLOCKLAB_UNSET_VARIABLE}"],
+                                   "error: model.d_model=${oc.env:BLOCKLAB_UNSET_VARIABLE} cannot be resolved: "
+                                   "KeyError: \"Environment variable 'BLOCKLAB_UNSET_VARIABLE' not found\""),
+    "study scale not a number": (["-m", "sweep=causal_mask", "study.scale=abc"],
+                                 "error: trainer.max_steps=${mul:800,${study.scale}} cannot be resolved "
+                                 "(study.scale='abc'): ValueError: mul needs two numbers, got 800 and 'abc'"),
 }
 
 
@@ -92,3 +107,38 @@ def test_a_tool_refuses_a_missing_directory_before_torch(tool, args, expected, t
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["False"], proc.stdout + proc.stderr
     assert proc.stderr.strip().startswith(expected), proc.stderr
+
+
+@pytest.mark.parametrize("parent", ["file", "read-only"])
+@pytest.mark.parametrize("key", ["hydra.run.dir", "hydra.sweep.dir"])
+def test_a_run_folder_that_cannot_be_created_is_one_line_before_hydra_makes_it(key, parent, tmp_path):
+    """Hydra creates the folder before any of BlockLab's code runs, and its failure was a traceback."""
+    if parent == "file":
+        blocker = tmp_path / "a_file"
+        blocker.write_text("not a folder")
+    else:
+        blocker = tmp_path / "read_only"
+        blocker.mkdir(mode=0o555)
+        if os.access(blocker, os.W_OK):
+            pytest.skip("this user (root) writes to a mode-555 folder: nothing to refuse")
+    folder = blocker / "run"
+    args = ["-m", "seed=0,1"] if key == "hydra.sweep.dir" else []
+    proc = run_cli([*args, "logger=none", f"{key}={folder}"], timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    why = "is a file, not a folder" if parent == "file" else "is not writable"
+    assert proc.stderr.splitlines() == [f"error: {key}={folder} cannot be created: {blocker} {why}; "
+                                        f"choose another {key}"]
+
+
+def test_a_read_only_parent_is_refused_as_the_os_reports_it(tmp_path, monkeypatch):
+    """The same check where the OS says the folder is not writable (a read-only mount, or a user who is not root)."""
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
+    assert output_dir_error([f"hydra.run.dir={tmp_path / 'run'}"], multirun=False) == (
+        f"hydra.run.dir={tmp_path / 'run'} cannot be created: {tmp_path} is not writable (permissions, or a "
+        "read-only file system); choose another hydra.run.dir")
+    (tmp_path / "writable").mkdir()
+    assert output_dir_error([f"hydra.run.dir={tmp_path / 'writable' / 'run'}"], multirun=False) is None
+
+
+def test_printing_a_sweep_files_config_needs_no_multirun():
+    assert command_line_error(["--cfg", "job", "sweep=causal_mask"]) is None
