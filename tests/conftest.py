@@ -54,6 +54,25 @@ def run_dir(tmp_path) -> Path:
     return tmp_path / "run"
 
 
+@pytest.fixture(scope="session")
+def copy_task():
+    """The copy task the diagnostics tests probe models with: lengths 1-16 over 16 characters."""
+    from blocklab.tasks import build_task
+
+    return build_task(dict(name="copy", alphabet="abcdefghijklmnop", min_len=1, max_len=16, eval_lengths=None,
+                           batch_size=8, eval_examples=32, eval_seed=1), 0)
+
+
+@pytest.fixture(scope="session")
+def default_run(tmp_path_factory) -> dict:
+    """results.json of the default run with FAST settings: what a run of one option is compared with."""
+    from blocklab.results import read_results
+
+    run_dir = tmp_path_factory.mktemp("default") / "run"
+    run_in_process(FAST, run_dir)
+    return read_results(run_dir)
+
+
 @contextlib.contextmanager
 def report_page(index: Path):
     """A report page opened in headless Chromium; skips where Chromium or playwright (dev extra) is missing."""

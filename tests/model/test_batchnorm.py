@@ -11,6 +11,7 @@ from blocklab.model.config import InitConfig, NormConfig, PosConfig
 from blocklab.model.generate import generate
 from blocklab.model.norm import build_norm
 from conftest import FAST, run_in_process
+from helpers import assert_learned_and_changed
 
 D, EPS = 8, 1e-5
 
@@ -175,10 +176,11 @@ def test_a_training_batch_of_one_sequence_is_one_line_before_any_work(run_dir):
 
 @pytest.mark.parametrize("overrides, name", [(["norm.type=batchnorm"], "pre_bn"),
                                              (["norm=pre_bn", "norm.affine=false"], "pre_bn_noaffine")])
-def test_batchnorm_trains_end_to_end(overrides, name, run_dir):
+def test_batchnorm_trains_end_to_end(overrides, name, run_dir, default_run):
     run_in_process([*FAST, *overrides], run_dir)
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["status"] == "completed" and results["choices"]["norm"] == name
+    assert_learned_and_changed(results, default_run)
+    assert results["choices"]["norm"] == name
     assert results["choices"]["norm_type"] == "batchnorm"
     assert all(0 <= row["exact_match"] <= 1 for row in results["eval"])
     # The checkpoint holds the running statistics that evaluation used.
