@@ -11,7 +11,7 @@ import time
 import pytest
 from joblib import cpu_count
 
-from blocklab.train.sweep import share_of_cores
+from blocklab.train.job import share_of_cores
 from conftest import ROOT
 
 TINY = ["trainer.max_steps=30", "trainer.val_check_interval=15", "logger=none", "task.eval_examples=16",

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from blocklab.report.build import check_plots
 from blocklab.train.run import prepare
-from blocklab.train.sweep import one_job_at_a_time
+from blocklab.train.job import one_job_at_a_time
 from conftest import CONF, ROOT, compose_config, report_page
 
 SWEEPS = CONF / "sweep"

@@ -25,7 +25,7 @@ def main() -> None:
             _check_single_run(sys.argv[1:])
         if is_multirun(sys.argv[1:]):
             _check_every_job(sys.argv[1:])
-    from blocklab.train.sweep import INTERRUPTED
+    from blocklab.train.job import INTERRUPTED
 
     try:
         train()
@@ -75,9 +75,10 @@ def _check_single_run(argv: list[str]) -> None:
 
 def _check_every_job(argv: list[str]) -> None:
     """A multirun validates every job before the first starts (it imports torch: sweeps only), and tells the
-    jobs how many there are (train.sweep.cores_per_job)."""
+    jobs how many there are (train.job.cores_per_job)."""
     from blocklab.overrides import command_line_overrides
-    from blocklab.train.sweep import SWEEP_JOBS_ENV, check_sweep_jobs
+    from blocklab.train.job import SWEEP_JOBS_ENV
+    from blocklab.train.sweep import check_sweep_jobs
 
     from omegaconf.errors import InterpolationResolutionError
 

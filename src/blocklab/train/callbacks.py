@@ -7,7 +7,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressB
 
 from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY
 from blocklab.results import console_kwargs
-from blocklab.train.sweep import beside_other_jobs
+from blocklab.train.job import beside_other_jobs
 
 
 class DivergenceGuard(Callback):

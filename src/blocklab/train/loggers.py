@@ -131,7 +131,7 @@ class WandbKind(LoggerKind):
         relaunch that ran no job)."""
         import wandb
 
-        from blocklab.train.sweep import wandb_group
+        from blocklab.train.job import wandb_group
 
         rows = [{"job": job, "status": results["status"], **job_hparams(results, results.get("overrides", [])),
                  **result_metrics(results)} for job, results in sweep_results(sweep_dir).items()]

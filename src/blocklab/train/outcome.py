@@ -12,7 +12,7 @@ from blocklab.tasks import Task
 from blocklab.tasks.base import device_of
 from blocklab.schema import PRECISIONS
 from blocklab.train.costs import costs
-from blocklab.train.sweep import beside_other_jobs
+from blocklab.train.job import beside_other_jobs
 
 
 def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true") -> dict:

@@ -27,8 +27,9 @@ from blocklab.train.loggers import build_loggers, check_loggers, log_results
 from blocklab.train.module import LitTransformer
 from blocklab.train.outcome import choices, outcome
 from blocklab.train.resume import resume_step, set_aside_checkpoints
-from blocklab.train.sweep import (INTERRUPTED, beside_other_jobs, cores_per_job, in_sweep, job_overrides,
-                                  relaunch_only_this_job, run_as_sweep_job, sweep_tags_and_group)
+from blocklab.train.job import (INTERRUPTED, beside_other_jobs, cores_per_job, in_sweep, job_overrides,
+                                sweep_tags_and_group)
+from blocklab.train.sweep import relaunch_only_this_job, run_as_sweep_job
 
 # A run's console is its progress and its results: not Lightning's advertisements, its report of
 # accelerators a CPU run does not use, its note that max_steps was reached, or its restore messages
