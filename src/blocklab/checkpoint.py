@@ -1,6 +1,7 @@
 """Reading a run's checkpoint, which may come from anyone: torch's weights-only loader unpickles plain tensors,
 containers and numbers only, never arbitrary objects, so a crafted file runs no code. A file that is not a
 BlockLab checkpoint is one ConfigError naming the file and what to do."""
+import hashlib
 import pickle
 import zipfile
 from pathlib import Path
@@ -9,8 +10,28 @@ import torch
 
 from blocklab.errors import ConfigError
 
-# Where a checkpoint carries the run's resolved config, so a resume can be checked without .hydra/config.yaml.
-CHECKPOINT_CONFIG_KEY = "blocklab_config"
+# Where a checkpoint carries the run's resolved config, so a resume can be checked without .hydra/config.yaml, and
+# the SHA-256 of the run's other files (its saved config, model.json, tokenizer.json): the checkpoint's zip is
+# checksummed, so it vouches for files that a flipped bit could leave readable but wrong.
+CHECKPOINT_CONFIG_KEY, CHECKPOINT_FILES_KEY = "blocklab_config", "blocklab_files"
+
+
+def file_digests(run_dir: Path, names: list[Path | str]) -> dict[str, str]:
+    """SHA-256 of each of the run's files that exists, keyed by its path inside the run directory."""
+    return {str(name): hashlib.sha256((run_dir / name).read_bytes()).hexdigest()
+            for name in names if (run_dir / name).is_file()}
+
+
+def check_run_files(run_dir: Path, state: dict, fix: str) -> None:
+    """A ConfigError naming the first file whose bytes differ from what the checkpoint recorded (a checkpoint from
+    before the record, which has none, vouches for nothing and refuses nothing)."""
+    recorded = state.get(CHECKPOINT_FILES_KEY)
+    if not isinstance(recorded, dict):
+        return
+    for name, digest in recorded.items():
+        if file_digests(run_dir, [name]).get(name) != digest:
+            raise ConfigError(f"{run_dir / name} is damaged or was edited (it differs from what "
+                              f"{run_dir / 'checkpoints'} recorded of it); {fix}")
 
 
 def load_checkpoint(path: Path, fix: str = "delete it to start over, or choose a new hydra.run.dir") -> dict:

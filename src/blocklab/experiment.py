@@ -2,7 +2,7 @@
 config groups, the task and model config they describe, and its run directory."""
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
 
@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
-from blocklab.checkpoint import load_checkpoint
+from blocklab.checkpoint import check_run_files, load_checkpoint
 from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.transformer import ARCHITECTURES
@@ -81,6 +81,7 @@ class Setup:
     run_dir: Path
     task: Task | None = None  # None when read back for generation, which needs no data
     start_step: int | None = None  # the step training resumes from; None for a fresh start
+    checkpoint: dict | None = field(default=None, repr=False)  # a finished run's, read back (generate, analyze)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "Setup":
@@ -101,6 +102,9 @@ class Setup:
         error = unfinished_run_error(run_dir)
         if error:
             raise ConfigError(error)
+        fix = "restore the run from a copy, or train it again in a new hydra.run.dir"
+        state = load_checkpoint(run_dir / CHECKPOINT, fix)  # checksummed: it vouches for the files read below
+        check_run_files(run_dir, state, fix)
         try:
             groups = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
             if not isinstance(groups, dict) or not all(isinstance(groups.get(g), dict) for g in RUN_GROUPS):
@@ -113,7 +117,7 @@ class Setup:
             raise ConfigError(damaged(run_dir / MODEL_FILE, err)) from None
         task = build_task(groups["task"], groups["seed"], is_seq2seq(groups["model"]["arch"]),
                           Placement.from_pos(groups["pos"])) if with_task else None
-        return cls(groups, model_cfg, run_dir, task)
+        return cls(groups, model_cfg, run_dir, task, checkpoint=state)
 
     def save(self, cfg: DictConfig) -> None:
         """The resolved config, plus what `from_run_dir` needs to rebuild the model without the data."""
@@ -131,7 +135,7 @@ class Setup:
         """The model with the weights of the run's last checkpoint, in eval mode."""
         model = build_model(self.model_cfg)
         path = self.run_dir / CHECKPOINT
-        state = load_checkpoint(path, "it cannot be used; train the run again in a new hydra.run.dir")["state_dict"]
+        state = (self.checkpoint or load_checkpoint(path, "train the run again in a new hydra.run.dir"))["state_dict"]
         try:
             model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
         except RuntimeError:  # missing, extra or reshaped weights

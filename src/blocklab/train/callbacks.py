@@ -5,7 +5,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 
-from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY
+from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY, CHECKPOINT_FILES_KEY, file_digests
 from blocklab.results import console_kwargs
 from blocklab.train.job import beside_other_jobs
 
@@ -33,15 +33,17 @@ class StepRecord(Callback):
         pl_module.record_step(outputs, batch)
 
 
-class ConfigInCheckpoint(Callback):
+class RunRecord(Callback):
     """Puts the run's resolved config in each checkpoint, as plain containers the weights-only loader reads, so a
-    resume can be checked where .hydra/config.yaml is lost."""
+    resume can be checked where .hydra/config.yaml is lost; and the SHA-256 of the files that rebuild the model,
+    so generate and analyze refuse one that a flipped bit left readable."""
 
-    def __init__(self, config: dict):
-        self.config = config
+    def __init__(self, run_dir: Path, config: dict, files: list):
+        self.run_dir, self.config, self.files = run_dir, config, files
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
         checkpoint[CHECKPOINT_CONFIG_KEY] = self.config
+        checkpoint[CHECKPOINT_FILES_KEY] = file_digests(self.run_dir, self.files)
 
 
 SHORT_METRIC_NAMES = {"train/loss": "loss", "val/loss": "val"}

@@ -38,6 +38,8 @@ def own_run_dir(run_dir: Path):
         yield
     finally:
         lock.release()
+        if [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:  # refused before writing: leave no trace but the dir
+            (run_dir / LOCK_FILE).unlink(missing_ok=True)
 
 
 def check_run_dir(run_dir: Path) -> None:

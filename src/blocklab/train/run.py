@@ -18,9 +18,10 @@ from torch.utils.data import DataLoader
 from blocklab.experiment import Setup
 from blocklab.errors import ConfigError, RunFolderError
 from blocklab.hardware import accelerator_error, keep_freed_memory, precision_warning, use_threads
-from blocklab.results import CHECKPOINT, flatten, print_summary, write_results
-from blocklab.train.callbacks import (ConfigInCheckpoint, DivergenceGuard, GracefulInterrupt, LastCheckpoint,
-                                     StepProgressBar, StepRecord)
+from blocklab.results import (CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, flatten, print_summary,
+                              write_results)
+from blocklab.train.callbacks import (DivergenceGuard, GracefulInterrupt, LastCheckpoint, RunRecord, StepProgressBar,
+                                     StepRecord)
 from blocklab.train.checks import check_run_dir, own_run_dir
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_loggers, check_loggers, log_results
@@ -51,7 +52,7 @@ warnings.filterwarnings("ignore", message=r".*does not have many workers which m
 def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
                    bar: StepProgressBar | None = None, config: dict | None = None) -> list:
     """The callbacks every training run has (the overhead benchmark times its steps with the same)."""
-    return [StepRecord(), guard, bar or StepProgressBar(), ConfigInCheckpoint(config or {}),
+    return [StepRecord(), guard, bar or StepProgressBar(), RunRecord(run_dir, config or {}, [SAVED_CONFIG, MODEL_FILE, TOKENIZER_FILE]),
             LastCheckpoint(run_dir / CHECKPOINT.parent, checkpoint_every), GracefulInterrupt(run_dir / CHECKPOINT)]
 
 

@@ -1,0 +1,172 @@
+"""Property-based faults (issue 44): truncate or flip one bit of any file of a finished run folder, then run an
+entry point on it (train's resume, generate, analyze, report). Every draw ends in the result the undamaged folder
+gives, or in one clear line naming a file of the folder (exit 2); none in a traceback, and none rewrites
+results.json. The checkpoint's zip checksums, and the digests it keeps of the run's other files, are what let a
+flipped bit that leaves a file readable be caught rather than used."""
+import contextlib
+import io
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from blocklab.errors import ConfigError
+from conftest import FAST, compose_config, run_in_process
+
+FILES = ("results.json", "checkpoints/last.ckpt", ".hydra/config.yaml", "model.json", "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("faults") / "sweep" / "job"
+    run_in_process(FAST, run_dir)
+    return run_dir
+
+
+def damage(path: Path, kind: str, where: float, bit: int) -> None:
+    data = bytearray(path.read_bytes())
+    offset = min(int(where * len(data)), len(data) - 1)
+    if kind == "truncate":
+        del data[offset:]
+    else:
+        data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def call(main, argv) -> tuple[int, str, str]:
+    """An entry point's exit status, stdout and stderr, in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+            if not isinstance(exit_.code, int) and exit_.code is not None:
+                err.write(str(exit_.code) + "\n")
+    return code, out.getvalue(), err.getvalue()
+
+
+def resume(run_dir: Path) -> tuple[int, str, str]:
+    """train's checks on a folder it would resume: its step, or the one-line refusal (the CLI prints it, exit 2)."""
+    from blocklab.train.run import prepare
+
+    try:
+        return 0, str(prepare(compose_config(FAST, run_dir)).start_step), ""
+    except ConfigError as err:
+        return 2, "", f"error: {err}\n"
+
+
+def generate(run_dir: Path):
+    from blocklab.generate import main
+
+    return call(main, [str(run_dir), "--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0"])
+
+
+def analyze(run_dir: Path):
+    from blocklab.analyze import main
+
+    code, out, err = call(main, [str(run_dir)])
+    analysis = run_dir / "diagnostics" / "analysis.json"
+    if code == 0:  # what it measured, without the paths it printed (the folder differs)
+        stats = json.loads(analysis.read_text())
+        out = json.dumps({k: v for k, v in stats.items() if k != "run_dir"}, sort_keys=True)
+    return code, out, err
+
+
+def report(run_dir: Path):
+    from blocklab.report.__main__ import main
+
+    code, out, err = call(main, [str(run_dir.parent)])
+    return code, (out.split(" (")[-1] if code == 0 else out), err  # "wrote PATH (1 runs)": the count
+
+
+ENTRIES = {"resume": resume, "generate": generate, "analyze": analyze, "report": report}
+
+
+def fresh_copy(finished: Path, entry: str) -> Path:
+    copy = Path(tempfile.mkdtemp(prefix="fault-")) / "sweep" / "job"
+    shutil.copytree(finished, copy)
+    if entry == "resume":
+        (copy / "results.json").unlink()  # an interrupted run: what its own command resumes
+    return copy
+
+
+@pytest.fixture(scope="module")
+def reference(finished) -> dict:
+    """Each entry point's outcome on an undamaged copy."""
+    outcomes = {}
+    for entry, function in ENTRIES.items():
+        copy = fresh_copy(finished, entry)
+        outcomes[entry] = function(copy)
+        assert outcomes[entry][0] == 0, outcomes[entry]
+        shutil.rmtree(copy.parents[1])
+    return outcomes
+
+
+def check_draw(finished, reference, entry, name, kind, where, bit) -> None:
+    copy = fresh_copy(finished, entry)
+    try:
+        target = copy / name
+        if not target.exists():  # results.json of a resumed run: it has none to damage
+            return
+        damage(target, kind, where, bit)
+        results_before = (copy / "results.json").read_bytes() if (copy / "results.json").exists() else None
+        code, out, err = ENTRIES[entry](copy)
+        results_after = (copy / "results.json").read_bytes() if (copy / "results.json").exists() else None
+        assert results_after == results_before, "results.json was rewritten"
+        event(f"{name}: {'same result' if code == 0 else 'one line'}")
+        if code == 0:
+            assert (code, out) == reference[entry][:2], (name, kind, err[-500:])
+        else:
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err[-2000:])
+            assert str(copy) in lines[0], lines[0]
+    finally:
+        shutil.rmtree(copy.parents[1], ignore_errors=True)
+
+
+faults = dict(name=st.sampled_from(FILES), kind=st.sampled_from(["truncate", "flip"]),
+              where=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
+
+
+def draws(n: int):
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+# 200 draws in the default run: the cheap entry points take most of them.
+@draws(90)
+@given(**faults)
+def test_resume_of_a_damaged_folder(finished, reference, name, kind, where, bit):
+    check_draw(finished, reference, "resume", name, kind, where, bit)
+
+
+@draws(80)
+@given(**faults)
+def test_generate_from_a_damaged_folder(finished, reference, name, kind, where, bit):
+    check_draw(finished, reference, "generate", name, kind, where, bit)
+
+
+@draws(15)
+@given(**faults)
+def test_analyze_a_damaged_folder(finished, reference, name, kind, where, bit):
+    check_draw(finished, reference, "analyze", name, kind, where, bit)
+
+
+@draws(15)
+@given(**faults)
+def test_report_on_a_damaged_folder(finished, reference, name, kind, where, bit):
+    check_draw(finished, reference, "report", name, kind, where, bit)
+
+
+@pytest.mark.slow
+@settings(max_examples=800, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(entry=st.sampled_from(list(ENTRIES)), **faults)
+def test_many_faults_slow(finished, reference, entry, name, kind, where, bit):
+    check_draw(finished, reference, entry, name, kind, where, bit)
