@@ -96,7 +96,7 @@ def _problems(results) -> str | None:
     if not isinstance(results, dict):
         return "not a JSON object"
     if results.get("status") not in STATUSES:
-        return f"status {str(results.get('status'))[:40]!r} is not one of {', '.join(STATUSES)}"
+        return f"status {repr(results.get('status'))[:40]} is not one of {', '.join(STATUSES)}"
     for key in ("study", "task", "machine"):
         if not (results.get(key) is None or isinstance(results[key], str)):
             return f"{key} is not text"
