@@ -179,25 +179,6 @@ def test_stacked_projection_is_three_separate_matrices(n_kv):
         torch.testing.assert_close(attn(x, ctx), attn.out_proj(y), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("n_kv", [None, 2], ids=["mha", "gqa"])
-def test_checkpoints_with_separate_q_k_v_projections_still_load(n_kv):
-    """State dicts saved before the stacked projection (q_proj, k_proj, v_proj) load into qkv_proj."""
-    model = make_model("rope", n_kv_heads=n_kv)
-    old = {}
-    for name, value in model.state_dict().items():
-        if ".qkv_proj." not in name:
-            old[name] = value
-            continue
-        attn = model.get_submodule(name.split(".qkv_proj.")[0])
-        kind = name.rsplit(".", 1)[1]
-        for part in "qkv":
-            old[name.replace("qkv_proj", f"{part}_proj")] = attn.projection(part)[kind == "bias"].clone()
-    fresh = make_model("rope", seed=5, n_kv_heads=n_kv)
-    fresh.load_state_dict(old)
-    idx = tokens((2, 9))
-    torch.testing.assert_close(forward(fresh, idx), forward(model, idx), rtol=0, atol=0)
-
-
 # --------------------------------------------------------------------------- SDPA vs explicit
 
 def left_padding(padded: bool) -> dict:

@@ -47,7 +47,6 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else None
         self.short_conv: ShortConv | None = None  # attn.short_conv, set by build_attention for every kind
         self.last_weights: Tensor | None = None
-        self.register_load_state_dict_pre_hook(_stack_separate_projections)
 
     @classmethod
     def label(cls, cfg) -> str:
@@ -208,14 +207,6 @@ def build_attention(cfg) -> Attention:
 
 def _normed(x: Tensor, norm: nn.Module | None) -> Tensor:
     return x if norm is None else norm(x)
-
-
-def _stack_separate_projections(module, state_dict, prefix, *args) -> None:
-    """Checkpoints from before qkv_proj hold q_proj, k_proj and v_proj: load them stacked."""
-    for kind in ("weight", "bias"):
-        keys = [f"{prefix}{part}_proj.{kind}" for part in "qkv"]
-        if all(key in state_dict for key in keys):
-            state_dict[f"{prefix}qkv_proj.{kind}"] = torch.cat([state_dict.pop(key) for key in keys])
 
 
 class LearnedBiasAttention(torch.autograd.Function):

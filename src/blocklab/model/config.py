@@ -7,13 +7,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from blocklab.errors import ConfigError
+from blocklab.model.architectures import ARCHITECTURES
 from blocklab.model.attention import ATTENTION_KINDS
 from blocklab.model.ffn import ACTIVATIONS, FFN_KINDS
 from blocklab.model.init import INIT_SCHEMES, scheme_errors
 from blocklab.model.norm import NORM_TYPES, PLACEMENTS, batch_size_errors, norm_name
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES
-from blocklab.model.transformer import ARCHITECTURES
 from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors
 
 SUBGROUPS = ("norm", "pos", "attn", "act", "ffn_kind", "init")  # ModelConfig fields filled from their own yaml groups
@@ -125,7 +125,7 @@ TASK_DERIVED = ("vocab_size", "max_len", "segments")
 
 @dataclass
 class ModelConfig:
-    arch: str = "decoder"  # model.arch: architecture.ARCHITECTURES
+    arch: str = "decoder"  # model.arch: architectures.ARCHITECTURES
     vocab_size: int = 32
     d_model: int = 64
     n_layers: int = 2
@@ -163,10 +163,6 @@ class ModelConfig:
         init scheme (Fixup's multiplier: 1); None: no gate."""
         gate = PLACEMENTS[self.norm.placement].gate
         return gate if gate is not None else getattr(INIT_SCHEMES[self.init.name], "branch_gate", None)
-
-    @property
-    def is_encoder_decoder(self) -> bool:
-        return ARCHITECTURES[self.arch].is_encoder_decoder
 
     @property
     def attn_label(self) -> str:

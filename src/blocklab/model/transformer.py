@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from blocklab.model.abacus import AbacusEmbedding, abacus_size
+from blocklab.model.architectures import ARCHITECTURES
 from blocklab.model.block import Block
 from blocklab.model.cache import DecodingCache
 from blocklab.model.ffn import dropout_layer
@@ -17,12 +18,9 @@ from blocklab.model.mask import cross_attention_context, self_attention_context
 from blocklab.model.norm import PLACEMENTS, apply_norm, build_norm
 from blocklab.model.patterns import build_pattern
 from blocklab.model.position import build_position
-from blocklab.registry import Registry
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig
-
-ARCHITECTURES: Registry = Registry("model.arch")
 
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
