@@ -224,8 +224,8 @@ def test_the_report_tables_show_the_study_metrics_with_intervals_and_the_csv_kee
     # The findings answer with the study's metrics: the winner on exact_match_in, the all-zero sentence.
     assert "exact_match_in (higher is better): reverse_answer=True is best, 0.970 [0.950, 0.990]" in page
     # Beyond training only the setting that learned is judged (reverse_answer=False never learned), and it says so.
-    assert ("every run scores 0.000 on exact_match_out (3 runs): it does not tell the settings apart. Compared among "
-            "the settings that learned in distribution only; left out as not learned: reverse_answer=False.") in page
+    assert ("Among the settings that learned in distribution (left out as not learned: reverse_answer=False): every "
+            "run scores 0.000 on exact_match_out (3 runs): it does not tell the settings apart.") in page
     assert "no setting generalizes beyond the training length: no seed reaches exact_match ≥ 0.9" in page
     assert "final_val_loss" not in re.search(r"What the numbers show.*?</ul>", page, re.DOTALL).group(0)
 

@@ -537,9 +537,8 @@ def judged(subset: list[dict], keys: list[str], metric: str, learned: dict[tuple
     if not kept:
         return [Finding(f"{metric}: no setting learned its task in distribution ({names}), so none is judged "
                         "beyond the training lengths.")]
-    shown = findings(kept, keys, metric)
-    why = (f" Compared among the settings that learned in distribution only; left out as not learned: {names}.")
-    return [Finding(shown[0].text + why, shown[0].details), *shown[1:]] if shown else []
+    among = f"Among the settings that learned in distribution (left out as not learned: {names}): "
+    return [Finding(among + f.text, f.details) for f in findings(kept, keys, metric)]
 
 
 def file_stem(text: str) -> str:
