@@ -11,7 +11,6 @@ from blocklab.analysis.probe import forward_stats
 from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import ActConfig
 from blocklab.model.ffn import ACTIVATIONS
-from blocklab.tasks import build_task
 
 EPS = activations.OFF_EPS
 
@@ -62,12 +61,6 @@ def test_off_fraction_and_dead_units_count_the_tail():
     off, dead = activations.off_fraction_and_dead(pre, F.gelu)
     assert off == pytest.approx(6 / 12)
     assert dead == 1  # only the first unit is off on every token
-
-
-@pytest.fixture(scope="module")
-def copy_task():
-    return build_task(dict(name="copy", alphabet="abcdefghijklmnop", min_len=1, max_len=16, eval_lengths=None,
-                           batch_size=8, eval_examples=32, eval_seed=1), 0)
 
 
 def ffn_stats(task, act: str, kill: int = 0) -> list[dict]:

@@ -5,26 +5,17 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from blocklab.analysis import metrics
-from blocklab.analysis.probe import forward_stats
+from blocklab.analysis.probe import forward_stats, prenorm_score_bounds
 from blocklab.model import ModelConfig, Transformer
-from blocklab.model.config import InitConfig, NormConfig
-from blocklab.tasks import build_task
-
-
-@pytest.fixture(scope="module")
-def copy_task():
-    return build_task(dict(name="copy", alphabet="abcdefghijklmnop", min_len=1, max_len=16, eval_lengths=None,
-                           batch_size=8, eval_examples=32, eval_seed=1), 0)
+from blocklab.model.config import AttnConfig, InitConfig, NormConfig, PosConfig
+from helpers import masked_softmax
 
 
 def causal(n: int) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool).tril()
-
-
-def attention(scores: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(scores.masked_fill(~support, float("-inf")), dim=-1)
 
 
 def test_with_every_key_allowed_the_masked_bound_is_the_seed_formula():
@@ -39,7 +30,7 @@ def test_equal_causal_scores_reach_the_harmonic_column_not_one():
     The unmasked formula gives 1, below the uniform causal matrix's own norm."""
     n = 12
     support = causal(n)[None, None]
-    a = attention(torch.zeros(1, 1, n, n), support)
+    a = masked_softmax(torch.zeros(1, 1, n, n), support)
     harmonic = sum(1 / k for k in range(1, n + 1))
     assert metrics.prenorm_bound_masked(support, torch.zeros(1)).item() == pytest.approx(math.sqrt(harmonic))
     assert float(a[0, 0].sum(0).max()) == pytest.approx(harmonic)  # the bound's column sum is attained
@@ -55,7 +46,7 @@ def test_random_scores_within_m_stay_under_the_masked_bound(m):
     scores[..., 0] = m  # extremes on one column push its sum, the bound's worst case
     for support in (causal(n)[None, None].expand(1, heads, n, n),
                     (torch.rand(1, heads, n, n, generator=g) < 0.4) | torch.eye(n, dtype=torch.bool)):
-        a = attention(scores, support)
+        a = masked_softmax(scores, support)
         bound = metrics.prenorm_bound_masked(support, torch.full((heads,), m))
         assert (metrics.spectral_norms(a)[0] <= bound + 1e-9).all()
         assert (bound <= math.sqrt(n) + 1e-9).all()  # never looser than the generic bound
@@ -91,3 +82,70 @@ def test_pre_ln_attention_norm_stays_under_its_computed_bound_at_init(copy_task,
     if init == "normal":
         n = layers[0]["spectral_generic_bound"][1]
         assert max(max(layer["spectral_prenorm_bound"]) for layer in layers) < 0.5 * n  # not the generic bound
+
+
+def perturb_as_trained(model, seed: int, weight_std: float) -> None:
+    """What training does to the quantities the bound reads, drawn at random: norm gains away from 1 (either sign),
+    non-zero norm shifts and projection biases, and projection weights of another scale."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in model.blocks:
+            norm = block.attn_residual.norm_in
+            norm.weight.copy_((torch.rand(norm.weight.shape, generator=g) * 1.5 + 0.5)
+                              * torch.randint(0, 2, norm.weight.shape, generator=g).mul(2).sub(1))
+            if getattr(norm, "bias", None) is not None:
+                norm.bias.copy_(0.3 * torch.randn(norm.bias.shape, generator=g))
+            for name in ("q", "k"):
+                weight, bias = block.attn.projection(name)
+                weight.copy_(weight_std * torch.randn(weight.shape, generator=g))
+                bias.copy_(0.1 * torch.randn(bias.shape, generator=g))
+
+
+@pytest.mark.parametrize("weight_std", [0.01, 0.3], ids=["informative", "loose"])
+@pytest.mark.parametrize("norm_type, n_kv_heads", [("layernorm", None), ("rmsnorm", None), ("layernorm", 2)],
+                         ids=["ln", "rms", "ln-gqa"])
+def test_pre_norm_bound_holds_with_trained_like_gains_and_biases(copy_task, norm_type, n_kv_heads, weight_std):
+    """The report applies the bound to trained models, whose gains are not 1 and biases not 0. Written out here
+    from the layer's parameters: the normalized input, each head's scores (which must lie within the M the probe
+    computed) and weights (which must be the model's own), and ||A||_2 as the spectral norm of the Jacobian of
+    the head's output A v with respect to its values v, computed by autograd."""
+    from torch.func import jacrev
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=copy_task.vocab_size, max_len=64, n_layers=3, d_model=32, n_heads=4,
+                                    attn=AttnConfig(n_kv_heads=n_kv_heads), norm=NormConfig(type=norm_type, placement="pre"),
+                                    pos=PosConfig("none"))).double()
+    perturb_as_trained(model, seed=1, weight_std=weight_std)
+    inputs = {}
+    hooks = [b.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0].detach()))
+             for i, b in enumerate(model.blocks)]
+    stats = forward_stats(model, copy_task.probe_batch(4), keep_weights=False)
+    batch = copy_task.probe_batch(4)
+    with torch.no_grad():
+        _, model_weights = model.eval()(batch["input"], need_weights=True)
+    for hook in hooks:
+        hook.remove()
+    n = batch["input"].shape[1]
+    causal_keys = torch.ones(n, n, dtype=torch.bool).tril()
+    for i, (block, layer) in enumerate(zip(model.blocks, stats["layers"])):
+        attn, norm = block.attn, block.attn_residual.norm_in
+        with torch.no_grad():
+            x = inputs[i]
+            xn = (F.layer_norm(x, (32,), norm.weight, norm.bias, norm.eps) if norm_type == "layernorm" else
+                  F.rms_norm(x, (32,), norm.weight, norm.eps))
+            kv_of = [h * attn.n_kv_heads // attn.n_heads for h in range(attn.n_heads)]
+            (w_q, b_q), (w_k, b_k) = attn.projection("q"), attn.projection("k")
+            q = (xn @ w_q.T + b_q).unflatten(-1, (attn.n_heads, attn.d_head)).transpose(1, 2)
+            k = (xn @ w_k.T + b_k).unflatten(-1, (attn.n_kv_heads, attn.d_head)).transpose(1, 2)[:, kv_of]
+            scores = attn.scale * q @ k.transpose(-1, -2)
+            weights = masked_softmax(scores, causal_keys)
+            m = prenorm_score_bounds(model, block)
+        torch.testing.assert_close(weights, model_weights[i].double(), rtol=1e-9, atol=1e-12)
+        assert all(float(scores[:, h].masked_select(causal_keys).abs().max()) <= m[h] for h in range(attn.n_heads))
+        for h, bound in enumerate(layer["spectral_prenorm_bound"]):
+            for row in weights[:, h]:  # each example's (n, n) matrix, against the head's bound
+                v = torch.randn(n, attn.d_head, dtype=torch.float64, generator=torch.Generator().manual_seed(h))
+                jacobian = jacrev(lambda v: row @ v)(v).reshape(n * attn.d_head, n * attn.d_head)
+                assert float(torch.linalg.matrix_norm(jacobian, ord=2)) <= bound + 1e-9
+        if weight_std == 0.01:  # small scores: the bound says more than the generic sqrt(n)
+            assert max(layer["spectral_prenorm_bound"]) < 0.9 * math.sqrt(n)
