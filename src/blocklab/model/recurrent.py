@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from blocklab.model.attention import Attention
 from blocklab.model.linear_attention import common_errors, is_positive_int, with_defaults
-from blocklab.model.transformer import ARCHITECTURES
+from blocklab.model.architectures import ARCHITECTURES
 
 
 def recurrent_errors(kind: str, cfg, options: dict) -> list[str]:
