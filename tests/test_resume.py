@@ -25,7 +25,8 @@ ARGS = ["logger=none", "trainer.max_steps=120", "trainer.val_check_interval=60",
 
 
 def comparable(results: dict) -> dict:
-    keep = ("final_train_loss", "final_val_loss", "steps", "eval", "params", "status", "steps_to_target_loss")
+    keep = ("final_train_loss", "final_val_loss", "steps", "eval", "params", "status", "steps_to_target_loss",
+            "train_loss_curve")  # a resume keeps the point at its checkpoint's step
     return {k: results[k] for k in keep} | {"diag_end": results["diagnostics"]["end"]["layers"]}
 
 
@@ -120,12 +121,13 @@ class InterruptAt(Callback):
 
 
 class StallAt(Callback):
-    """Spends `seconds` inside training step `step`: a known least amount of training time."""
+    """Spends `seconds` inside training step `step` (before its optimizer step): a known least amount of training
+    time."""
 
     def __init__(self, step: int, seconds: float):
         self.step, self.seconds = step, seconds
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if trainer.global_step == self.step:
             time.sleep(self.seconds)
 
