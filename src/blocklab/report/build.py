@@ -214,7 +214,7 @@ def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
     drawn = False
     for key, members in group(rows, by).items():
         points = [(_value(m, spec["x"]), _value(m, metric)) for m in members]  # each run's fields read once
-        xs = sorted({x for x, _ in points if x is not None})
+        xs = sorted(set(stats.finite(x for x, _ in points)))  # a dotted results.json field may hold anything
         per_x = [stats.finite([y for px, y in points if px == x]) for x in xs]
         xs, per_x = [x for x, v in zip(xs, per_x) if v], [v for v in per_x if v]
         if not xs:
