@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 from blocklab.analysis.metrics import attention_on
-from blocklab.model import ModelConfig, Transformer
 from blocklab.tasks import build_task
 
 
@@ -57,19 +56,37 @@ def test_the_read_head_of_a_copying_model_scores_one_at_every_length_and_uniform
         assert per_head[0].tolist() == pytest.approx([0.5 + uniform / 2, uniform])
 
 
-def test_evaluation_reports_the_head_that_reads_best_at_the_longest_trained_length_at_every_length():
+class FadingReader(nn.Module):
+    """Two layers of two heads, with attention known by hand at every length L (queries L..2L-1 read their
+    character): layer 0 head 0 puts half on the character and half evenly under the mask (reading 1/2 + u_L / 2,
+    u_L = the mean of 1 / (q + 1)), head 1 evenly (u_L); layer 1 head 0 evenly, head 1 exactly on the character up
+    to length 6, evenly beyond (1, then u_L)."""
+
+    def forward(self, idx, need_weights=False, valid=None, **streams):
+        b, t = idx.shape
+        length = (t - 1) // 2
+        reader = torch.zeros(t, t)
+        reader[torch.arange(length, 2 * length), torch.arange(length)] = 1
+        uniform = causal_uniform(t)
+        layer0 = torch.stack([(reader + uniform) / 2, uniform])
+        layer1 = torch.stack([uniform, reader if length <= 6 else uniform])
+        return torch.zeros(b, t, 8), [w[None].expand(b, -1, -1, -1) for w in (layer0, layer1)]
+
+
+def test_evaluation_reports_the_head_that_reads_best_at_the_longest_trained_length_at_every_length(monkeypatch):
+    """At length 6 (the longest trained) layer 1 head 1 reads best (1 against 1/2 + u_6 / 2); at 12 layer 0 head 0
+    does. Every row reports layer 1 head 1, with its own reading at that length: 1, 1, 1, then u_12."""
     task = copy_task()
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=task.vocab_size, max_len=64, d_model=32, n_layers=2, n_heads=2))
-    model.train()
+    # The rows' other metrics decode with a cache this stand-in has not; only the reading is under test here.
+    monkeypatch.setattr(task, "evaluate_length", lambda model, length: {"length": length,
+                                                                         "in_distribution": length <= 6})
+    model = FadingReader().train()
     rows = task.evaluate(model)
     assert model.training  # evaluation leaves the mode as it found it
-    reading = task.read_attention(model)
-    trained = reading[6]  # the longest evaluated length within 2-6
-    layer, head = divmod(int(trained.argmax()), trained.shape[1])
-    assert all(row["read_head"] == [layer, head] for row in rows)
-    assert [row["read_attention"] for row in rows] == pytest.approx([float(reading[r["length"]][layer, head])
-                                                                     for r in rows])
+    u_12 = float((1 / (torch.arange(12, 24, dtype=torch.float64) + 1)).mean())
+    assert [row["length"] for row in rows] == [2, 4, 6, 12]
+    assert all(row["read_head"] == [1, 1] for row in rows)
+    assert [row["read_attention"] for row in rows] == pytest.approx([1.0, 1.0, 1.0, u_12])
 
 
 def test_no_read_attention_where_the_task_does_not_say_or_the_model_reads_by_cross_attention():
