@@ -334,3 +334,26 @@ def test_short_conv_generation_with_left_padding_decodes_each_row_as_alone(kind)
 def test_short_conv_must_be_a_non_negative_integer():
     errs = cfg_errors("softmax", short_conv=-1)
     assert len(errs) == 1 and errs[0].startswith("attn.short_conv=-1") and "\n" not in errs[0], errs
+
+
+@pytest.mark.parametrize("kind", RECURRENT)
+def test_training_memory_grows_linearly_with_the_length(kind):
+    """No (T, T) tensor: what autograd saves from one layer's forward doubles (not quadruples) with the length."""
+    model = tiny_model("none", seed=0, vocab_size=V, kind=kind, n_layers=1, max_len=1024)
+    attn = model.blocks[0].attn
+
+    def saved_bytes(length):
+        storages = {}
+
+        def keep(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        idx = torch.zeros(1, length, dtype=torch.long)
+        ctx = self_attention_context(idx, None, None, None, model.pos, True, model.pattern)
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            attn(draw(1, length, 32, seed=1).requires_grad_(True), ctx)
+        return sum(storages.values())
+
+    small, large = saved_bytes(512), saved_bytes(1024)
+    assert 1.8 < large / small < 2.2, (small, large)  # above 1.8: the activations, not the weights, dominate
