@@ -155,3 +155,35 @@ def test_a_sweep_skips_a_job_folder_in_use_and_writes_nothing_there(tmp_path):
     assert "error: job skipped" in done.stderr and "in use" in done.stderr
     assert read_results(sweep_dir / "0")["status"] == "completed"
     assert not (sweep_dir / "1" / "results.json").exists()
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_run_resumes_once_space_is_freed(tmp_path, monkeypatch):
+    """The disk fills during the step-10 checkpoint, after half of it is written: the step-5 checkpoint stays whole,
+    the run stops with one line, and the same command later resumes to the results of a run never interrupted."""
+    from blocklab.errors import RunFolderError
+    from blocklab.train import checkpoint_io
+    from blocklab.train.checkpoint_io import write_durably
+    from blocklab.checkpoint import load_checkpoint
+
+    run_dir, straight, overrides = tmp_path / "run", tmp_path / "straight", [*FAST, "checkpoint_every=5"]
+    saves = []
+
+    def fills_the_disk_on_the_second_save(path, data):
+        saves.append(path)
+        if len(saves) == 2:
+            path.write_bytes(bytes(data)[: len(data) // 2])
+            raise OSError(28, "No space left on device", str(path))
+        write_durably(path, data)
+
+    monkeypatch.setattr(checkpoint_io, "write_durably", fills_the_disk_on_the_second_save)
+    with pytest.raises(RunFolderError, match=r"^no space left on the disk of .*last\.ckpt.*previous checkpoint is kept"):
+        run_in_process(overrides, run_dir)
+    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 5
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert not (run_dir / "results.json").exists()
+    monkeypatch.undo()
+    run_in_process(overrides, run_dir)
+    run_in_process(overrides, straight)
+    resumed, uninterrupted = read_results(run_dir), read_results(straight)
+    assert {k: v for k, v in resumed.items() if k not in TIMING} == \
+        {k: v for k, v in uninterrupted.items() if k not in TIMING}

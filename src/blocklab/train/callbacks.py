@@ -7,6 +7,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressB
 
 from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY, CHECKPOINT_FILES_KEY, file_digests
 from blocklab.results import console_kwargs
+from blocklab.train.checkpoint_io import DiskFull
 from blocklab.train.job import beside_other_jobs
 
 
@@ -118,6 +119,6 @@ class GracefulInterrupt(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if trainer.global_step > 0:
+        if trainer.global_step > 0 and not isinstance(exception, DiskFull):  # a full disk takes no second try
             trainer.save_checkpoint(self.checkpoint, weights_only=False)  # explicit: Lightning logs its default
             print(f"saved {self.checkpoint} at step {trainer.global_step}", file=sys.stderr)

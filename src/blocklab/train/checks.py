@@ -20,6 +20,7 @@ def own_run_dir(run_dir: Path):
     if rank_zero_only.rank != 0:
         yield
         return
+    created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -38,8 +39,10 @@ def own_run_dir(run_dir: Path):
         yield
     finally:
         lock.release()
-        if [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:  # refused before writing: leave no trace but the dir
+        if [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:  # refused before writing anything: leave no trace
             (run_dir / LOCK_FILE).unlink(missing_ok=True)
+            if created:
+                run_dir.rmdir()
 
 
 def check_run_dir(run_dir: Path) -> None:

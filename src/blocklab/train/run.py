@@ -22,6 +22,7 @@ from blocklab.results import (CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FI
                               write_results)
 from blocklab.train.callbacks import (DivergenceGuard, GracefulInterrupt, LastCheckpoint, RunRecord, StepProgressBar,
                                      StepRecord)
+from blocklab.train.checkpoint_io import AtomicCheckpointIO
 from blocklab.train.checks import check_run_dir, own_run_dir
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_loggers, check_loggers, log_results
@@ -117,7 +118,8 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
         callbacks.append(diagnostics)
     # Resolved first: a trainer key may interpolate another group (a sweep's max_steps: ${mul:600,${study.scale}}).
     lightning_args = {k: v for k, v in groups["trainer"].items() if k not in BLOCKLAB_TRAINER_KEYS}
-    trainer = instantiate(lightning_args, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir))
+    trainer = instantiate(lightning_args, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir),
+                          plugins=[AtomicCheckpointIO()])
 
     # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
     # which dropout draws from and the checkpoint carries, exactly where the training steps leave it.
