@@ -4,6 +4,7 @@ errors, and a run end to end; next-sentence prediction (task.nsp): the pair layo
 masked, the classifier's loss added to the masked-LM loss."""
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -249,7 +250,7 @@ def test_task_mlm_picks_the_encoder():
 # ------------------------------------------------------------------ end to end
 
 
-def test_mlm_runs_end_to_end(corpus, run_dir, tmp_path):
+def test_mlm_runs_end_to_end(corpus, run_dir, tmp_path, capsys):
     run_in_process(["model.arch=encoder", "task=mlm", "trainer=debug", "logger=none", f"task.data.path={corpus}",
                     f"task.cache_dir={tmp_path / 'cache'}", "task.eval_max_tokens=4096"], run_dir)
     results = read_results(run_dir)
@@ -266,8 +267,10 @@ def test_mlm_runs_end_to_end(corpus, run_dir, tmp_path):
     assert setup.saved_tokenizer().token_to_id(MASK) == setup.task.mask_id
     assert setup.trained_model().is_encoder_only
     from blocklab.generate import main as generate_main
-    with pytest.raises(SystemExit, match="model.arch=encoder, which fills in masked tokens.*model.arch=decoder"):
+    with pytest.raises(SystemExit) as refused:
         generate_main([str(run_dir), "--prompt", "ab"])
+    assert refused.value.code == 2
+    assert re.search("model.arch=encoder, which fills in masked tokens.*model.arch=decoder", capsys.readouterr().err)
 
 
 @pytest.mark.slow
