@@ -54,13 +54,18 @@ def greedy_reference(model, prompt: torch.Tensor, steps: int, eos: int | None = 
 
 
 @torch.no_grad()
-def assert_cached_steps_equal_full(model, idx: torch.Tensor, prefix: int, tol: float = 1e-10, after_step=None):
-    """Decoding with the model's cache: the first `prefix` tokens in one call, then one token a call, gives the
-    logits of one full forward pass. after_step(cache, t), if given, inspects the cache after token t."""
+def assert_cached_steps_equal_full(model, idx: torch.Tensor, prefix: int, then: int = 0, tol: float = 1e-10,
+                                   after_step=None):
+    """Decoding with the model's cache: the first `prefix` tokens in one call (then `then` more in a second), then
+    one token a call, gives the logits of one full forward pass. after_step(cache, t), if given, inspects the cache
+    after token t."""
     full = model(idx)
     cache = model.new_cache()
     torch.testing.assert_close(model(idx[:, :prefix], cache=cache), full[:, :prefix], rtol=tol, atol=tol)
-    for t in range(prefix, idx.shape[1]):
+    if then:
+        chunk = slice(prefix, prefix + then)
+        torch.testing.assert_close(model(idx[:, chunk], cache=cache), full[:, chunk], rtol=tol, atol=tol)
+    for t in range(prefix + then, idx.shape[1]):
         torch.testing.assert_close(model(idx[:, t:t + 1], cache=cache)[:, 0], full[:, t], rtol=tol, atol=tol)
         if after_step is not None:
             after_step(cache, t)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from blocklab.model.patterns import ATTENTION_PATTERNS
+from helpers import dense_attention
 
 # (stride, window): window shorter than, equal to and longer than the stride.
 SHAPES = [(3, 2), (4, 4), (2, 5), (5, 3)]
@@ -18,12 +19,8 @@ def strided(stride, window):
 
 def union_reference(q, k, v, pattern, causal, scale):
     """softmax over every key the pattern allows (causal: and no later one), written out densely."""
-    length, group = q.shape[2], q.shape[1] // k.shape[1]
-    index = torch.arange(length)
-    allowed = pattern.support(index, index, causal)
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
-    return scores.softmax(-1) @ v
+    index = torch.arange(q.shape[2])
+    return dense_attention(q, k, v, scale, pattern.support(index, index, causal))
 
 
 def inputs(length, kv_heads=2, heads=4, dim=6, batch=2, seed=0, dtype=torch.float64):

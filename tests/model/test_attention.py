@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import AttnConfig
+from helpers import masked_softmax, tokens
 from variants import SCHEMES, VARIANTS, tiny_cfg, tiny_model
 
 V, D, H, DH = 20, 32, 4, 8
@@ -17,11 +18,6 @@ def make_cfg(pos="rope", causal=True, n_layers=2, std=0.2, **attn):
 
 
 make_model = tiny_model
-
-
-def tokens(shape, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, V, shape, generator=g)
 
 
 def forward(model, idx, need_weights=False, **kw):
@@ -282,8 +278,7 @@ def test_attention_weights_match_hand_computation(scale, value, n_kv):
         k = (x @ w_k.T + b_k).view(2, 7, kv, DH).transpose(1, 2)
         k = k[:, [h * kv // H for h in range(H)]]  # query head h reads kv head h // (H / kv)
         scores = (q @ k.transpose(-1, -2)) * value
-        scores = scores.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
-        torch.testing.assert_close(weights[0], scores.softmax(-1), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(weights[0], masked_softmax(scores, causal=True), rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(model(idx), logits, rtol=1e-10, atol=1e-10)  # SDPA uses the same scale
 
 

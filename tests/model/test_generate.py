@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from blocklab.model.generate import generate
+from helpers import assert_cached_steps_equal_full, greedy_reference
 from variants import SCHEMES, VARIANTS, tiny_model
 
 V = 20
@@ -18,15 +19,6 @@ def make_prompts(lengths=(3, 7, 5), seed=1):
     return [torch.randint(1, V, (n,), generator=g) for n in lengths]
 
 
-@torch.no_grad()
-def greedy_alone(model, prompt, steps):
-    """Reference: one prompt, no padding, no cache, the whole sequence recomputed every step."""
-    seq = prompt.clone()
-    for _ in range(steps):
-        seq = torch.cat((seq, model(seq[None])[0, -1].argmax()[None]))
-    return seq[len(prompt):]
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("pos", SCHEMES)
 def test_cache_gives_the_same_tokens(pos, variant):
@@ -37,7 +29,7 @@ def test_cache_gives_the_same_tokens(pos, variant):
     assert cached.shape == (3, 8)
     assert torch.equal(cached, uncached)
     for row, prompt in enumerate(prompts):
-        assert torch.equal(cached[row], greedy_alone(model, prompt, 8)), f"row {row}"
+        assert torch.equal(cached[row], greedy_reference(model, prompt, 8)), f"row {row}"
     assert len(set(cached.flatten().tolist())) > 1  # not a degenerate constant output
 
 
@@ -48,20 +40,12 @@ def test_cached_logits_match_full_forward(pos, variant):
     of local attention never holds more than `window` keys."""
     model = make_model(pos, **VARIANTS[variant])
     window = VARIANTS[variant].get("window")
+    def within_the_window(cache, t):
+        held = [t + 1 if window is None else min(t + 1, window)] * len(cache.keys)
+        assert [k.shape[2] for k in cache.keys] == [v.shape[2] for v in cache.values] == held
+
     idx = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        full = model(idx)
-        cache = model.new_cache()
-        first = model(idx[:, :5], cache=cache)
-        torch.testing.assert_close(first, full[:, :5], rtol=1e-10, atol=1e-10)
-        for t in range(5, 12):
-            if window is not None:
-                for k, v in zip(cache.keys, cache.values):
-                    assert k.shape[2] <= window and v.shape[2] <= window
-            step = model(idx[:, t:t + 1], cache=cache)
-            torch.testing.assert_close(step[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
-        expected = min(12, window) if window is not None else 12
-        assert all(k.shape[2] == expected for k in cache.keys)
+    assert_cached_steps_equal_full(model, idx, prefix=5, after_step=within_the_window)
 
 
 @pytest.mark.parametrize("pos", SCHEMES)
@@ -101,15 +85,7 @@ def test_a_row_cannot_end_before_its_min_new_tokens():
     minimum = torch.tensor([5, 0, 3])
     out = generate(model, prompts, max_new_tokens=8, eos_id=eos, pad_id=0, min_new_tokens=minimum)
     for row, prompt in enumerate(prompts):
-        # Reference: greedy alone, recomputed, with EOS's logit at -inf for the first `minimum` steps.
-        seq = prompt.clone()
-        with torch.no_grad():
-            for step in range(8):
-                logits = model(seq[None])[0, -1].clone()
-                if step < minimum[row]:
-                    logits[eos] = float("-inf")
-                seq = torch.cat((seq, logits.argmax()[None]))
-        expected = seq[len(prompt):]
+        expected = greedy_reference(model, prompt, 8, eos=eos, min_new=int(minimum[row]))
         hits = (expected == eos).nonzero()
         stop = int(hits[0, 0]) + 1 if len(hits) else len(expected)
         assert torch.equal(out[row, :stop], expected[:stop]) and bool((out[row, stop:] == 0).all())

@@ -13,15 +13,12 @@ from blocklab.model.config import AttnConfig, ModelConfig, PosConfig
 from blocklab.model.generate import generate
 from blocklab.model.mask import AttentionContext
 from blocklab.model.position import build_position
+from helpers import assert_cached_steps_equal_full, dense_attention, greedy_reference, tokens
 from variants import KINDS, tiny_cfg, tiny_model
 
 V, H, DH = 20, 4, 8
 LINEAR = ["linear", "performer"]
 GROUPS = {"mha": None, "gqa": 2, "mqa": 1}
-
-
-def tokens(shape, seed=1):
-    return torch.randint(0, V, shape, generator=torch.Generator().manual_seed(seed))
 
 
 def layer(kind, causal=True, pos="none", n_kv_heads=None, seed=0, **options):
@@ -115,13 +112,6 @@ def test_performer_random_features_are_orthogonal_blocks_with_gaussian_norms():
     assert w.shape == (24, DH) and len(set(w.norm(dim=1).tolist())) == 24  # norms drawn, not all sqrt(d)
 
 
-def softmax_attention(q, k, v, scale, causal):
-    scores = q @ k.transpose(-2, -1) * scale
-    if causal:
-        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    return scores.softmax(-1) @ v
-
-
 @pytest.mark.parametrize("causal", [True, False])
 def test_performer_approximates_softmax_better_with_more_features(causal):
     """Mean error over seeds (so not flaky): 256 random features approximate softmax better than 16."""
@@ -131,7 +121,7 @@ def test_performer_approximates_softmax_better_with_more_features(causal):
         for seed in range(8):
             attn, scheme = layer("performer", causal, n_features=m, seed=seed)
             q, k, v = qkv(length=32, seed=100 + seed, size=0.7)
-            exact = softmax_attention(q, k, v, attn.scale, causal)
+            exact = dense_attention(q, k, v, attn.scale, causal=causal)
             total += (attn.attend(q, k, v, context(scheme, 32), None) - exact).abs().mean().item()
         errors[m] = total / 8
     assert errors[256] < 0.75 * errors[16], errors  # about 0.45-0.55 over seed sets (heavy-tailed estimates)
@@ -234,14 +224,7 @@ def test_later_tokens_never_change_earlier_outputs(kind, pos, need_weights):
 @pytest.mark.parametrize("kind", LINEAR)
 def test_decoding_with_the_state_equals_full_recomputation(kind, pos, group):
     model = make_model(kind, pos, n_kv_heads=GROUPS[group], options={"chunk": 3})
-    idx = tokens((2, 12), seed=3)
-    with torch.no_grad():
-        full = model(idx)
-        cache = model.new_cache()
-        torch.testing.assert_close(model(idx[:, :5], cache=cache), full[:, :5], rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(model(idx[:, 5:7], cache=cache), full[:, 5:7], rtol=1e-10, atol=1e-10)
-        for t in range(7, 12):
-            torch.testing.assert_close(model(idx[:, t:t + 1], cache=cache)[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
+    assert_cached_steps_equal_full(model, tokens((2, 12), seed=3), prefix=5, then=2)
 
 
 @pytest.mark.parametrize("pos", ["rope", "learned"])
@@ -254,11 +237,7 @@ def test_generation_with_left_padding_decodes_each_row_as_alone(kind, pos):
     prompts = [torch.randint(1, V, (n,), generator=g) for n in (3, 7, 5)]
     cached = generate(model, prompts, max_new_tokens=8)
     for row, prompt in enumerate(prompts):
-        seq = prompt.clone()
-        with torch.no_grad():
-            for _ in range(8):
-                seq = torch.cat((seq, model(seq[None])[0, -1].argmax()[None]))
-        assert torch.equal(cached[row], seq[len(prompt):]), f"row {row}"
+        assert torch.equal(cached[row], greedy_reference(model, prompt, 8)), f"row {row}"
     assert torch.equal(cached, generate(model, prompts, max_new_tokens=8, use_cache=False))
 
 

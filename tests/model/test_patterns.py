@@ -4,7 +4,6 @@ gradients), decoding with the cache against full recomputation, and one-line con
 import pytest
 import torch
 
-from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig
 from blocklab.model.attention import ATTENTION_KINDS, Attention
 from blocklab.model.config import AttnConfig
@@ -12,6 +11,7 @@ from blocklab.model.mask import self_attention_context
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.train.run import prepare
 from conftest import compose_config
+from helpers import assert_cached_steps_equal_full, dense_attention, refused, tokens
 from variants import tiny_model
 
 V = 20
@@ -60,10 +60,6 @@ def make_model(name: str, pos: str = "none", causal: bool = True, seed: int = 0,
     window = opts.pop("window", None)
     return tiny_model(pos, seed, vocab_size=V, causal=causal, pattern=name, window=window, pattern_options=opts,
                       n_kv_heads=n_kv_heads)
-
-
-def tokens(shape, seed=1):
-    return torch.randint(0, V, shape, generator=torch.Generator().manual_seed(seed))
 
 
 # ------------------------------------------------------------------------------------- support
@@ -167,14 +163,6 @@ BLOCKED = [("window", dict(window=4)), ("window", dict(window=1)), ("window", di
            ("strided", dict(stride=3, window=2)), ("strided", dict(stride=4)), ("strided", dict(stride=2, window=5))]
 
 
-def dense_reference(q, k, v, allowed, scale):
-    """softmax(scale q k^T, masked to `allowed`) v, K/V heads repeated for their query groups."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
-    return scores.softmax(-1) @ v
-
-
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("length", [1, 3, 8, 13, 30])
@@ -190,7 +178,7 @@ def test_blocked_kernel_equals_the_dense_masked_computation(name, opts, length, 
                                      i, j, causal) for j in range(length)] for i in range(length)])
     weight = torch.randn(2, 4, length, 8, generator=g, dtype=torch.float64)
     outs, grads = [], []
-    for fn in (lambda: pattern.attend(q, k, v, causal, 0.4, 0.0), lambda: dense_reference(q, k, v, allowed, 0.4)):
+    for fn in (lambda: pattern.attend(q, k, v, causal, 0.4, 0.0), lambda: dense_attention(q, k, v, 0.4, allowed)):
         out = fn()
         grads.append(torch.autograd.grad((out * weight).sum(), (q, k, v)))
         outs.append(out)
@@ -283,15 +271,11 @@ def test_decoding_with_the_cache_equals_full_recomputation(name, pos):
     model = make_model(name, pos)
     idx = tokens((2, 24), seed=3)
     reach = {"window": 4, "dilated": 2 * (3 - 1) + 1}.get(name)  # keys a query can see back
-    with torch.no_grad():
-        full = model(idx)
-        cache = model.new_cache()
-        torch.testing.assert_close(model(idx[:, :6], cache=cache), full[:, :6], rtol=1e-10, atol=1e-10)
-        for t in range(6, 24):
-            step = model(idx[:, t:t + 1], cache=cache)
-            torch.testing.assert_close(step[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
-            held = {k.shape[2] for k in cache.keys}
-            assert held == {t + 1 if reach is None else min(t + 1, reach)}
+
+    def holds_what_the_pattern_reaches(cache, t):
+        assert {k.shape[2] for k in cache.keys} == {t + 1 if reach is None else min(t + 1, reach)}
+
+    assert_cached_steps_equal_full(model, idx, prefix=6, after_step=holds_what_the_pattern_reaches)
 
 
 # ------------------------------------------------------------------------------------ bad input
@@ -406,10 +390,8 @@ def test_an_option_both_the_pattern_and_the_kind_take_is_refused():
 ])
 def test_bad_pattern_on_the_command_line_fails_before_any_work(overrides, message, tmp_path):
     run_dir = tmp_path / "run"
-    with pytest.raises(ConfigError) as err:
+    with refused(message, run_dir):
         prepare(compose_config(overrides.split(), run_dir))
-    assert message in str(err.value) and len(str(err.value).splitlines()) == 1
-    assert not run_dir.exists()
 
 
 # ------------------------------------------------------------------------------------ presets
