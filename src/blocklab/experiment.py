@@ -18,6 +18,7 @@ from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, unfinished_run_error
 from blocklab.schema import schema_errors
 from blocklab.tasks import Task, build_task, task_errors
+from blocklab.tasks.base import SequenceTask
 from blocklab.tasks.placement import Placement
 
 
@@ -66,8 +67,19 @@ def _task(task: str, seed: int, seq2seq: bool, placement: Placement) -> Task:
 
 def _model_config(groups: dict, task: Task, placement: Placement) -> ModelConfig:
     """The model config for a task: its vocabulary, and room for every position id it can be shown."""
-    return ModelConfig.from_groups(groups, vocab_size=task.vocab_size,
-                                   max_len=placement.max_position(task.max_seq_len), segments=task.segments)
+    model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size,
+                                        max_len=placement.max_position(task.max_seq_len), segments=task.segments)
+    if "original_context" in model_cfg.pos.options and model_cfg.pos.options["original_context"] is None:
+        model_cfg.pos.options["original_context"] = trained_context(task)  # null: derived (YaRN's L)
+    return model_cfg
+
+
+def trained_context(task: Task) -> int:
+    """The longest model input, in tokens, that the task trains on (a sequence task's prompt and answer)."""
+    longest = max(task.train_lengths)
+    if isinstance(task, SequenceTask):
+        return task.max_prompt_len(longest) + task.max_answer_len(longest) - 1
+    return longest
 
 
 # The groups a saved config must hold for its run to be rebuilt (generate, analyze).

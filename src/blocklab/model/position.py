@@ -6,9 +6,14 @@ A scheme implements any of three hooks; the defaults do nothing (NoPE implements
   bias(q_positions, k_positions)  additive attention bias (ALiBi, T5 buckets, FIRE), (B|1, H, Tq, Tk)
 Positions are explicit integer tensors of shape (B|1, T), so left padding, KV-cache decoding
 and evaluation beyond the training length all go through the same code.
+
+Context extension (`pos.scaling`, `pos.scaling_factor`): a scheme with a rotation (RoPE) or a table (learned)
+can be stretched past the context it trained at, by the entries of POSITION_SCALINGS (PI, NTK-aware, YaRN),
+through the same hooks, so training, evaluation and cached decoding all see the same scaled positions.
 """
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +22,7 @@ from torch import Tensor, nn
 from blocklab.registry import Registry
 
 POSITION_SCHEMES: Registry = Registry("pos.name", framework_args=("d_model", "n_heads", "d_head", "causal"))
+POSITION_SCALINGS: Registry = Registry("pos.scaling")
 
 
 class PerPositions:
@@ -55,12 +61,23 @@ def default_positions(length: int, device) -> Tensor:
 
 
 class PositionScheme(nn.Module):
-    """A scheme's options are its constructor's keyword arguments past the four the model supplies."""
+    """A scheme's options are its constructor's keyword arguments past the four the model supplies. The
+    context-extension options (`scaling`, `scaling_factor`, `yarn_alpha`, `yarn_beta`, `original_context`) are
+    every scheme's; `scalings` says which methods a scheme can apply (none only, unless it rotates or has a table).
+    `logit_scale` multiplies every attention logit q.k (YaRN's 1/t; RoPE folds it into its rotation, a kind that
+    rotates only part of q and k, MLA, scales the rest itself)."""
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, causal: bool = True):
+    scalings: tuple[str, ...] = ("none",)
+    logit_scale = 1.0
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, causal: bool = True, scaling: str = "none",
+                 scaling_factor: float = 1.0, yarn_alpha: float = 1.0, yarn_beta: float = 32.0,
+                 original_context: int | None = None):
         super().__init__()
         self.d_model, self.n_heads, self.d_head, self.causal = d_model, n_heads, d_head, causal
         self.memo = PerPositions()
+        self.scaling = ScalingSpec(scaling, float(scaling_factor), float(yarn_alpha), float(yarn_beta),
+                                   original_context)
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         return x
@@ -83,8 +100,9 @@ class PositionScheme(nn.Module):
 
     @classmethod
     def errors(cls, cfg, options: dict) -> list[str]:
-        """Constraints on the model config and this scheme's (resolved) options, one line each."""
-        return []
+        """Constraints on the model config and this scheme's (resolved) options, one line each. A subclass
+        adds its own to these (the scaling options every scheme takes)."""
+        return scaling_errors(cls, options)
 
 
 @POSITION_SCHEMES.register("none")
@@ -101,10 +119,162 @@ def base_errors(base: float) -> list[str]:
             "the papers use 10000)"]
 
 
+def rope_frequencies(base: float, dim: int, device=None) -> Tensor:
+    """theta_i = base^(-2i/dim), i = 0 .. dim/2 - 1, in float32."""
+    return base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+
+
 def _angles(positions: Tensor, dim: int, base: float) -> Tensor:
     """positions (B, T) -> angles (B, T, dim/2) with frequencies base^(-2i/dim)."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
-    return positions.to(torch.float32)[..., None] * inv_freq
+    return positions.to(torch.float32)[..., None] * rope_frequencies(base, dim, positions.device)
+
+
+# ------------------------------------------------------------------------------ context extension
+
+@dataclass(frozen=True)
+class ScalingSpec:
+    """A scheme's context-extension settings: pos.scaling, pos.scaling_factor (s = target / trained context),
+    YaRN's ramp bounds pos.yarn_alpha and pos.yarn_beta, and pos.original_context (L, the trained context in
+    tokens; null in the yaml: derived from the task)."""
+
+    method: str = "none"
+    factor: float = 1.0
+    alpha: float = 1.0
+    beta: float = 32.0
+    original_context: int | None = None
+
+
+@POSITION_SCALINGS.register("none")
+class NoScaling:
+    """The scheme as trained: positions, frequencies and logits untouched (pos.scaling_factor is not read)."""
+
+    what = "leaves positions as trained"
+
+    @staticmethod
+    def errors(options: dict, d_head: int | None) -> list[str]:
+        """This method's constraints on the scaling options, one line each."""
+        return []
+
+    @staticmethod
+    def positions(positions: Tensor, spec: ScalingSpec) -> Tensor:
+        """The positions a scheme reads in place of `positions` (the same tensor where unscaled)."""
+        return positions
+
+    @staticmethod
+    def frequencies(base: float, dim: int, spec: ScalingSpec, device=None) -> Tensor:
+        """RoPE's per-pair frequencies (dim/2,), float32."""
+        return rope_frequencies(base, dim, device)
+
+    @staticmethod
+    def temperature(spec: ScalingSpec) -> float:
+        """sqrt(1/t): multiplies q and k, so every logit q.k is multiplied by 1/t."""
+        return 1.0
+
+
+@POSITION_SCALINGS.register("pi")
+class PositionInterpolation(NoScaling):
+    """Chen et al. 2023, "Extending Context Window of Large Language Models via Positional Interpolation"
+    (arXiv 2306.15595), eq. (4): f'(x, m) = f(x, m L / L'), i.e. position m is read as m / s with s = L'/L, so
+    the position L s gets the angle (or the table row) of position L: no position is beyond those trained."""
+
+    what = "rescales a rotation's positions or a learned table's rows"
+
+    @staticmethod
+    def errors(options, d_head):
+        return factor_errors(options)
+
+    @staticmethod
+    def positions(positions, spec):
+        return positions.to(torch.float32) / spec.factor
+
+
+@POSITION_SCALINGS.register("ntk")
+class NTKAware(NoScaling):
+    """NTK-aware scaling (bloc97 2023), as the YaRN paper defines it (§3.1, eq. 16): the base is raised,
+    b' = b s^(|D| / (|D| - 2)), so the lowest frequency is interpolated by s while the highest is nearly kept."""
+
+    what = "changes rotary frequencies"
+
+    @staticmethod
+    def errors(options, d_head):
+        if d_head is not None and d_head <= 2:
+            return factor_errors(options) + [
+                f"pos.scaling=ntk raises the base by s^(d/(d-2)), undefined for a head dimension of {d_head}; "
+                "use more dimensions per head or pos.scaling=pi"]
+        return factor_errors(options)
+
+    @staticmethod
+    def frequencies(base, dim, spec, device=None):
+        return rope_frequencies(base * spec.factor ** (dim / (dim - 2)), dim, device)
+
+
+def yarn_ramp(dim: int, base: float, original_context: int, alpha: float, beta: float) -> Tensor:
+    """YaRN §3.2 (NTK-by-parts), float64 per pair d = 0 .. |D|/2 - 1: the wavelength lambda_d = 2 pi b^(2d/|D|),
+    r(d) = L / lambda_d (how many turns the pair makes over the trained context L) and the ramp
+    gamma(r) = 0 for r < alpha, 1 for r > beta, (r - alpha) / (beta - alpha) between."""
+    pair = torch.arange(dim // 2, dtype=torch.float64)
+    wavelength = 2 * math.pi * base ** (2 * pair / dim)
+    return ((original_context / wavelength - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+
+
+@POSITION_SCALINGS.register("yarn")
+class YaRN(NoScaling):
+    """Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models" (arXiv 2309.00071).
+    §3.2, NTK-by-parts: h(theta_d) = (1 - gamma(r(d))) theta_d / s + gamma(r(d)) theta_d: pairs that turn many
+    times over the trained context (gamma 1) keep their frequency, those that turn less than alpha times are
+    interpolated as by PI, the ramp between (`yarn_ramp`). Computed as theta/s + gamma (theta - theta/s), the same
+    sum, which is exactly theta at s = 1. §3.4: the logits are divided by t, sqrt(1/t) = 0.1 ln(s) + 1 (eq. 22)."""
+
+    what = "changes rotary frequencies"
+
+    @staticmethod
+    def errors(options, d_head):
+        errs = factor_errors(options)
+        alpha, beta = options.get("yarn_alpha", 1.0), options.get("yarn_beta", 32.0)
+        if not (_finite_number(alpha) and _finite_number(beta) and 0 <= alpha < beta):
+            errs.append(f"pos.yarn_alpha={alpha!r}, pos.yarn_beta={beta!r}: YaRN's ramp needs 0 <= alpha < beta "
+                        "(the paper's: 1 and 32)")
+        context = options.get("original_context")
+        if not (isinstance(context, int) and not isinstance(context, bool) and context > 0):
+            errs.append(f"pos.original_context={context!r} must be a positive integer for pos.scaling=yarn: "
+                        "the context the model trained at, in tokens (null: derived from the task)")
+        return errs
+
+    @staticmethod
+    def frequencies(base, dim, spec, device=None):
+        theta = rope_frequencies(base, dim, device)
+        gamma = yarn_ramp(dim, base, spec.original_context, spec.alpha, spec.beta).to(theta)
+        interpolated = theta / spec.factor
+        return interpolated + gamma * (theta - interpolated)
+
+    @staticmethod
+    def temperature(spec):
+        return 0.1 * math.log(spec.factor) + 1.0
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def factor_errors(options: dict) -> list[str]:
+    factor = options.get("scaling_factor", 1.0)
+    if _finite_number(factor) and factor >= 1:
+        return []
+    return [f"pos.scaling_factor={factor!r} must be a finite number >= 1 (the target context over the trained one; "
+            "1: unscaled)"]
+
+
+def scaling_errors(scheme: type, options: dict, d_head: int | None = None) -> list[str]:
+    """The scaling options of `scheme` (a PositionScheme class) with its resolved `options`, one line each."""
+    method = options.get("scaling", "none")
+    if method not in POSITION_SCALINGS:
+        return [POSITION_SCALINGS.unknown(method)]
+    if method not in scheme.scalings:
+        able = [name for name in POSITION_SCHEMES if method in getattr(POSITION_SCHEMES[name], "scalings", ())]
+        return [f"pos.scaling={method} {POSITION_SCALINGS[method].what}, which "
+                f"pos={getattr(scheme, 'registry_name', scheme.__name__)} does not have; use pos.scaling=none, or "
+                f"pos={' or pos='.join(able)}"]
+    return POSITION_SCALINGS[method].errors(options, d_head)
 
 
 @POSITION_SCHEMES.register("sinusoidal")
@@ -113,15 +283,16 @@ class Sinusoidal(PositionScheme):
     the token embeddings multiplied by sqrt(d) as in the paper (scale_embeddings). Unscaled, a
     small-init embedding is drowned by the unit-amplitude PE and a model barely learns."""
 
-    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0, scale_embeddings: bool = True):
-        super().__init__(d_model, n_heads, d_head, causal)
+    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0, scale_embeddings: bool = True,
+                 **scaling):
+        super().__init__(d_model, n_heads, d_head, causal, **scaling)
         self.base = base
         self.embed_scale = math.sqrt(d_model) if scale_embeddings else 1.0
 
     @classmethod
     def errors(cls, cfg, options):
         errs = [f"pos=sinusoidal needs an even model.d_model (got {cfg.d_model})"] if cfg.d_model % 2 else []
-        return errs + base_errors(options["base"])
+        return scaling_errors(cls, options) + errs + base_errors(options["base"])
 
     def table(self, positions: Tensor) -> Tensor:
         return self.memo.get((positions,), (), lambda: self._table(positions))
@@ -136,10 +307,15 @@ class Sinusoidal(PositionScheme):
 
 @POSITION_SCHEMES.register("learned")
 class Learned(PositionScheme):
-    """A trained vector per absolute position (GPT-2). Positions past the table are an error."""
+    """A trained vector per absolute position (GPT-2). Positions past the table are an error. Under
+    pos.scaling=pi (Chen et al. 2023, §2.3 "the position embeddings ... interpolated") position p reads the table
+    at p/s, linearly between the two rows around it, so a model shown s times its trained length sees only the
+    positions it trained."""
 
-    def __init__(self, d_model, n_heads, d_head, causal=True, max_len: int = 512):
-        super().__init__(d_model, n_heads, d_head, causal)
+    scalings = ("none", "pi")
+
+    def __init__(self, d_model, n_heads, d_head, causal=True, max_len: int = 512, **scaling):
+        super().__init__(d_model, n_heads, d_head, causal, **scaling)
         self.max_len = max_len
         self.table = nn.Embedding(max_len, d_model)
 
@@ -149,34 +325,49 @@ class Learned(PositionScheme):
 
     @classmethod
     def errors(cls, cfg, options):
+        errs = scaling_errors(cls, options)
         if options["max_len"] < cfg.max_len:
-            return [f"pos.max_len={options['max_len']} is shorter than the longest sequence to train or evaluate "
-                    f"({cfg.max_len} tokens); raise pos.max_len or set it to null (auto)"]
-        return []
+            errs.append(f"pos.max_len={options['max_len']} is shorter than the longest sequence to train or evaluate "
+                        f"({cfg.max_len} tokens); raise pos.max_len or set it to null (auto)")
+        return errs
 
     def embed(self, x, positions):
-        if positions.numel() and int(positions.max()) >= self.max_len:
+        scaled = POSITION_SCALINGS[self.scaling.method].positions(positions, self.scaling)
+        if positions.numel() and float(scaled.max()) > self.max_len - 1:
             raise ValueError(
                 f"position {int(positions.max())} is past the learned table (pos.max_len={self.max_len}); "
                 "raise pos.max_len or use shorter sequences"
             )
-        return x + self.table(positions)
+        if scaled is positions:
+            return x + self.table(positions)
+        # Interpolated: row floor(p/s) and the next, weighted by the fraction (weight 0: the row itself, exactly).
+        low = scaled.floor()
+        below = low.long()
+        above = (below + 1).clamp(max=self.max_len - 1)
+        weight = (scaled - low)[..., None].to(self.table.weight.dtype)
+        return x + torch.lerp(self.table(below), self.table(above), weight)
 
 
 @POSITION_SCHEMES.register("rope")
 class RoPE(PositionScheme):
-    """Su et al.: rotate each pair (x_2i, x_2i+1) of q and k by angle p * base^(-2i/d_head)."""
+    """Su et al.: rotate each pair (x_2i, x_2i+1) of q and k by angle p * base^(-2i/d_head). Under pos.scaling
+    the positions, the frequencies and the logits' temperature are the scaling's (POSITION_SCALINGS); the
+    temperature sqrt(1/t) multiplies q and k through the rotation's magnitude, as YaRN's reference code does."""
 
-    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0):
-        super().__init__(d_model, n_heads, d_head, causal)
+    scalings = ("none", "pi", "ntk", "yarn")
+
+    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0, **scaling):
+        super().__init__(d_model, n_heads, d_head, causal, **scaling)
         self.base = base
+        self.logit_scale = POSITION_SCALINGS[self.scaling.method].temperature(self.scaling) ** 2
 
     @classmethod
     def errors(cls, cfg, options):
+        errs = scaling_errors(cls, options, d_head=cfg.d_head)
         if cfg.d_head % 2:
-            return [f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {cfg.d_head}; "
-                    "change model.n_heads or model.d_model"]
-        return base_errors(options["base"])
+            return errs + [f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {cfg.d_head}; "
+                           "change model.n_heads or model.d_model"]
+        return errs + base_errors(options["base"])
 
     def rotate(self, q, k, positions):
         rotation = self.rotations(positions, q.dtype)
@@ -185,8 +376,12 @@ class RoPE(PositionScheme):
     def rotations(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
         """exp(i angle) for every position and frequency, (B|1, 1, T, d_head/2), once per positions tensor."""
         def make():
-            angles = _angles(positions, self.d_head, self.base)[:, None]
-            return torch.polar(torch.ones_like(angles), angles).to(_COMPLEX[_rotation_dtype(dtype)])
+            scaling = POSITION_SCALINGS[self.scaling.method]
+            frequencies = scaling.frequencies(self.base, self.d_head, self.scaling, positions.device)
+            scaled = scaling.positions(positions, self.scaling)
+            angles = (scaled.to(torch.float32)[..., None] * frequencies)[:, None]
+            magnitude = torch.full_like(angles, scaling.temperature(self.scaling))  # 1 but under YaRN
+            return torch.polar(magnitude, angles).to(_COMPLEX[_rotation_dtype(dtype)])
 
         return self.memo.get((positions,), (dtype,), make)
 
@@ -225,8 +420,8 @@ def alibi_slopes(n_heads: int) -> Tensor:
 class ALiBi(PositionScheme):
     """Linear distance penalty per head: bias = -slope_h * |i - j|."""
 
-    def __init__(self, d_model, n_heads, d_head, causal=True):
-        super().__init__(d_model, n_heads, d_head, causal)
+    def __init__(self, d_model, n_heads, d_head, causal=True, **scaling):
+        super().__init__(d_model, n_heads, d_head, causal, **scaling)
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def bias(self, q_positions, k_positions):
@@ -260,8 +455,9 @@ def t5_buckets(relative: Tensor, bidirectional: bool, num_buckets: int, max_dist
 class T5Bias(PositionScheme):
     """A learned scalar per (bucketed relative distance, head), shared by all layers."""
 
-    def __init__(self, d_model, n_heads, d_head, causal=True, num_buckets: int = 32, max_distance: int = 128):
-        super().__init__(d_model, n_heads, d_head, causal)
+    def __init__(self, d_model, n_heads, d_head, causal=True, num_buckets: int = 32, max_distance: int = 128,
+                 **scaling):
+        super().__init__(d_model, n_heads, d_head, causal, **scaling)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Embedding(num_buckets, n_heads)
 
@@ -270,9 +466,9 @@ class T5Bias(PositionScheme):
         buckets, distance = options.get("num_buckets", 32), options.get("max_distance", 128)
         exact = buckets // (2 if not cfg.attn.causal else 1) // 2
         if buckets < 4 or distance <= exact:
-            return [f"pos.num_buckets={buckets} / pos.max_distance={distance}: need num_buckets >= 4 and "
+            return scaling_errors(cls, options) + [f"pos.num_buckets={buckets} / pos.max_distance={distance}: need num_buckets >= 4 and "
                     f"max_distance > {exact} (the exact-bucket range)"]
-        return []
+        return scaling_errors(cls, options)
 
     def bias(self, q_positions, k_positions):
         # The buckets depend on positions only (computed once per pair); the table lookup is trained.
@@ -317,8 +513,8 @@ class FIRE(PositionScheme):
     eps = 1e-6
 
     def __init__(self, d_model, n_heads, d_head, causal=True, mlp_hidden: int = 32, init_c: float = 0.1,
-                 init_L: float = 512.0):
-        super().__init__(d_model, n_heads, d_head, causal)
+                 init_L: float = 512.0, **scaling):
+        super().__init__(d_model, n_heads, d_head, causal, **scaling)
         self.init_L = float(init_L)
         self.c = nn.Parameter(torch.tensor(float(init_c)))
         self.L_scale = nn.Parameter(torch.tensor(1.0))
@@ -329,7 +525,7 @@ class FIRE(PositionScheme):
 
     @classmethod
     def errors(cls, cfg, options):
-        errs = []
+        errs = scaling_errors(cls, options)
         hidden = options.get("mlp_hidden", 32)
         if not (isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0):
             errs.append(f"pos.mlp_hidden={hidden!r} must be a positive integer (the width of FIRE's MLP; "
