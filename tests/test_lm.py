@@ -1,6 +1,7 @@
 """Language modelling: corpus loading, tokenizers, caching, training and extrapolation rows."""
 import math
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -12,6 +13,7 @@ from blocklab.tasks.corpus import builtin_text_file
 from blocklab.tasks.tokenizer import bpe_tokenizer, char_tokenizer
 from blocklab.results import read_results
 from conftest import run_in_process
+from helpers import refused
 
 UNSEEN = "naïve café — ✓ 東京 🙂\ttab\r\n"
 
@@ -101,9 +103,9 @@ def test_split_is_the_tail_and_windows_do_not_overlap(corpus, tmp_path):
 def test_bad_data_is_a_one_line_error(setup, message, tmp_path):
     path = tmp_path / "data.txt"
     setup(path)
-    with pytest.raises(ConfigError, match=message) as err:
+    with refused("task.") as err:
         build_task(lm_cfg(path, tmp_path / "cache"), 0)
-    assert len(str(err.value).splitlines()) == 1 and "task." in str(err.value)
+    assert re.search(message, str(err.value)), str(err.value)
 
 
 def test_non_utf8_can_be_replaced(tmp_path):

@@ -22,6 +22,7 @@ from blocklab.tasks.base import IGNORE
 from blocklab.tasks.mlm import MASK, SentencePairs, mask_tokens, sentence_pairs
 from blocklab.train.module import LitTransformer
 from conftest import compose_config, run_in_process
+from helpers import refused
 
 
 @pytest.fixture(scope="module")
@@ -237,9 +238,9 @@ def test_an_encoder_on_a_next_token_task_is_a_one_line_error(run_dir):
     ("+task.mask_rate=0.2", "task.mask_rate is not an option of task.name=mlm; did you mean task.mask_prob?"),
 ])
 def test_bad_masking_options_are_one_line_errors(override, message, run_dir):
-    with pytest.raises(ConfigError) as err:
+    with refused(message, run_dir) as err:
         Setup.from_config(compose_config(["task=mlm", override], run_dir))
-    assert len(str(err.value).splitlines()) == 1 and str(err.value).startswith(message)
+    assert str(err.value).startswith(message)
 
 
 def test_task_mlm_picks_the_encoder():
@@ -398,9 +399,9 @@ def test_next_sentence_gradient_matches_finite_differences(nsp_task):
     ("task.block_size=4", "task.nsp=true with task.block_size=4: a pair [CLS] A [SEP] B [SEP] needs at least 5"),
 ])
 def test_bad_pair_options_are_one_line_errors(override, message, run_dir):
-    with pytest.raises(ConfigError) as err:
+    with refused(message, run_dir) as err:
         Setup.from_config(compose_config(["task=mlm", "task.nsp=true", override], run_dir))
-    assert len(str(err.value).splitlines()) == 1 and str(err.value).startswith(message)
+    assert str(err.value).startswith(message)
 
 
 def test_nsp_runs_end_to_end(corpus, run_dir, tmp_path):

@@ -9,6 +9,7 @@ from blocklab.errors import ConfigError
 from blocklab.tasks import build_task
 from blocklab.tasks.placement import Placement, randomized
 from conftest import run_cli
+from helpers import assert_refused_cli
 
 COPY = dict(name="copy", alphabet="abcdef", min_len=2, max_len=6, eval_lengths=[4, 12], batch_size=8,
             eval_examples=10, eval_seed=7)
@@ -102,10 +103,7 @@ def test_random_max_below_the_longest_sequence_is_refused():
 ])
 def test_bad_settings_are_one_line_errors_before_any_work(args, message, tmp_path):
     proc = run_cli([*args, f"run_dir={tmp_path / 'run'}", "logger=none"])
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], lines
-    assert not (tmp_path / "run").exists()
+    assert_refused_cli(proc, message, tmp_path / "run")
 
 
 def test_a_randomized_model_decodes_with_its_cache_as_by_recomputation():

@@ -15,6 +15,7 @@ from blocklab.tasks import build_task
 from blocklab.tasks.base import Example, IGNORE
 from blocklab.tasks.placement import Placement
 from conftest import FAST, compose_config, run_cli, run_in_process
+from helpers import assert_refused_cli
 
 COMMON = dict(min_len=2, max_len=5, eval_lengths=[3, 5, 9], batch_size=8, eval_examples=12, eval_seed=7)
 FORMATS = [(True, False), (False, True), (True, True)]  # (reverse_answer, pad_operands) that coupling allows
@@ -423,10 +424,7 @@ def decoded_both_ways(overrides, tmp_path):
 ])
 def test_bad_settings_are_one_line_errors_before_any_work(args, message, tmp_path):
     proc = run_cli([*args, f"run_dir={tmp_path / 'run'}", "logger=none"], timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], lines
-    assert not (tmp_path / "run").exists()
+    assert_refused_cli(proc, message, tmp_path / "run")
 
 
 # --- end to end -----------------------------------------------------------------------------------------
