@@ -19,6 +19,7 @@ from blocklab.errors import ConfigError
 from blocklab.results import read_results
 from blocklab.train.run import prepare
 from conftest import FAST, ROOT, compose_config, run_cli, run_in_process
+from helpers import wait_until
 
 ARGS = ["logger=none", "trainer.max_steps=120", "trainer.val_check_interval=60", "checkpoint_every=10",
         "task.eval_examples=16", "diagnostics.every_n_steps=40"]
@@ -34,9 +35,7 @@ def test_sigterm_saves_and_rerun_resumes_to_identical_results(tmp_path):
     interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
     cmd = [sys.executable, str(ROOT / "train.py"), *ARGS, f"hydra.run.dir={interrupted}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not (interrupted / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: (interrupted / "checkpoints" / "last.ckpt").exists(), proc, timeout=300)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143 and "Run the same command again to resume" in err

@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from blocklab.results import read_results
 from blocklab.train.hparams import result_metrics
 from blocklab.train.loggers import check_loggers, logger_configs, sweep_end
 from conftest import compose_config, run_cli
+from helpers import wait_until
 
 # Two tiny jobs of the causal_mask study that differ in one swept override (attn.causal) and nothing else.
 SWEEP = ["-m", "sweep=causal_mask", "seed=0", "attn.causal=true,false", "logger=tensorboard", "diagnostics=none",
@@ -109,13 +109,16 @@ def test_tensorboard_serves_both_jobs_hparams_and_filters_them_by_choice(sweep, 
                                   stdout=log, stderr=log)
     base = f"http://127.0.0.1:{port}/data/plugin/hparams"
     try:
-        deadline, experiment = time.time() + 90, {}
-        while not experiment.get("hparamInfos") and time.time() < deadline:  # it loads the logdir in the background
-            assert server.poll() is None, (tmp_path / "tensorboard.log").read_text()
+        experiment = {}
+
+        def hparams_loaded() -> bool:  # it loads the logdir in the background
             try:
-                experiment = post(f"{base}/experiment", {"experimentName": ""})
+                experiment.update(post(f"{base}/experiment", {"experimentName": ""}))
             except OSError:
-                time.sleep(0.5)
+                return False
+            return bool(experiment.get("hparamInfos"))
+
+        assert wait_until(hparams_loaded, server, timeout=90, every=0.5), (tmp_path / "tensorboard.log").read_text()
         assert {"name": "attn.causal", "differs": True}.items() <= next(
             i for i in experiment["hparamInfos"] if i["name"] == "attn.causal").items()
         request = {"experimentName": "", "startIndex": 0, "sliceSize": 10,
