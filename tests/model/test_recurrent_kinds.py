@@ -13,6 +13,7 @@ from blocklab.model.deltanet import delta_chunked, delta_step
 from blocklab.model.generate import generate
 from blocklab.model.mask import AttentionContext, self_attention_context
 from blocklab.model.gla import gla_chunked, gla_step
+from helpers import assert_cached_steps_equal_full, tokens
 from variants import tiny_model
 
 RECURRENT = ["gla", "deltanet", "based"]
@@ -186,10 +187,6 @@ def make_model(kind, pos="rope", n_kv_heads=None, short_conv=0, **options):
                       short_conv=short_conv, options=options)
 
 
-def tokens(shape, seed=1):
-    return torch.randint(0, V, shape, generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("group", [None, 2, 1], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("kind", RECURRENT)
 def test_later_tokens_never_change_earlier_outputs(kind, group):
@@ -210,14 +207,7 @@ def test_later_tokens_never_change_earlier_outputs(kind, group):
 @pytest.mark.parametrize("kind", RECURRENT)
 def test_cached_decoding_equals_recomputation(kind, group, pos):
     model = make_model(kind, pos, n_kv_heads=group)
-    idx = tokens((2, 33), seed=3)
-    with torch.no_grad():
-        full = model(idx)
-        cache = model.new_cache()
-        torch.testing.assert_close(model(idx[:, :7], cache=cache), full[:, :7], rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(model(idx[:, 7:25], cache=cache), full[:, 7:25], rtol=1e-10, atol=1e-10)
-        for t in range(25, 33):
-            torch.testing.assert_close(model(idx[:, t:t + 1], cache=cache)[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
+    assert_cached_steps_equal_full(model, tokens((2, 33), seed=3), prefix=7, then=18)
 
 
 @pytest.mark.parametrize("kind", RECURRENT)
@@ -312,11 +302,7 @@ def test_short_conv_keeps_the_model_causal_and_its_cache_equal_to_recomputation(
             changed = idx.clone()
             changed[:, t:] = (idx[:, t:] + 1) % V
             torch.testing.assert_close(model(changed)[:, :t], full[:, :t], rtol=0, atol=1e-12)
-        cache = model.new_cache()
-        torch.testing.assert_close(model(idx[:, :2], cache=cache), full[:, :2], rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(model(idx[:, 2:10], cache=cache), full[:, 2:10], rtol=1e-10, atol=1e-10)
-        for t in range(10, 21):
-            torch.testing.assert_close(model(idx[:, t:t + 1], cache=cache)[:, 0], full[:, t], rtol=1e-10, atol=1e-10)
+    assert_cached_steps_equal_full(model, idx, prefix=2, then=8)
     with torch.no_grad():
         assert (make_model(kind)(idx) - full).abs().max() > 1e-6  # the convolution changes what the model computes
 
