@@ -2,6 +2,7 @@
 
     python -m blocklab.analyze RUN_DIR                 # a trained run: its final model
     python -m blocklab.analyze --init [overrides ...]  # a freshly initialised model, e.g. norm=post_ln model.n_layers=24
+    python -m blocklab.analyze RUN_DIR --eval-scaling yarn:4   # the trained model under a context extension
 
 Writes to DIR/diagnostics/ (RUN_DIR for a run; --out, default outputs/analyze/TIMESTAMP, for --init)
 the same measurements as training's diagnostics, and prints each path:
@@ -9,9 +10,15 @@ the same measurements as training's diagnostics, and prints each path:
     attention_TAG.png      attention maps, layers x heads, one colour scale
     layers_TAG.png         each measure against layer: gradient norms, activation RMS, rank collapse, ...
     history.png            a run with diagnostics: the same measures against training step
-TAG is init or trained."""
+TAG is init or trained.
+
+--eval-scaling METHOD:FACTOR (pi, ntk, yarn; or none) evaluates the run's trained weights, without retraining, with
+pos.scaling=METHOD pos.scaling_factor=FACTOR at the task's evaluation lengths, and writes
+RUN_DIR/eval_scaling_METHOD_FACTOR.json beside the run (its results.json is never touched)."""
 import argparse
 import json
+import math
+import os
 import time
 from pathlib import Path
 
@@ -47,6 +54,54 @@ def analyze_run(run_dir: Path) -> list[Path]:
     return paths + ([save(fig, history.with_suffix(".png"))] if fig is not None else [])
 
 
+def parse_scaling(spec: str) -> tuple[str, float] | str:
+    """'yarn:4' -> ('yarn', 4.0); 'none' -> ('none', 1.0); anything else: the one-line error (a str)."""
+    method, _, factor = spec.partition(":")
+    if method == "none" and not factor:
+        return "none", 1.0
+    try:
+        value = float(factor)
+    except ValueError:
+        value = None
+    if not method or value is None or not math.isfinite(value) or value < 1:
+        return (f"--eval-scaling {spec!r} must be METHOD:FACTOR with a finite FACTOR >= 1 (e.g. yarn:4, pi:2, "
+                "ntk:8), or none")
+    return method, value
+
+
+def eval_scaling(run_dir: Path, method: str, factor: float) -> list[Path]:
+    """The run's trained weights under pos.scaling=method, scaling_factor=factor, evaluated as training's outcome
+    evaluates (the task's own `evaluate`, at its eval lengths); written beside the run, results.json untouched."""
+    import dataclasses
+
+    import torch
+
+    from blocklab.experiment import Setup, trained_context
+
+    setup = Setup.from_run_dir(run_dir, with_task=True)
+    cfg = setup.model_cfg
+    options = {**cfg.pos.options, "scaling": method, "scaling_factor": factor}
+    if options.get("original_context") is None:  # a run from before pos.scaling: the context it trained at
+        options["original_context"] = trained_context(setup.task)
+    scaled = dataclasses.replace(cfg, pos=dataclasses.replace(cfg.pos, options=options))
+    errors = scaled.errors()
+    if errors:
+        raise ConfigError(f"--eval-scaling {method}:{factor:g} on {run_dir}: {errors[0]}")
+    model = dataclasses.replace(setup, model_cfg=scaled).trained_model()
+    with torch.no_grad():
+        rows = setup.task.evaluate(model)
+    record = {"run_dir": str(run_dir), "task": setup.task.name, "pos": cfg.pos.name, "scaling": method,
+              "scaling_factor": factor, "original_context": options["original_context"],
+              "train_lengths": list(setup.task.train_lengths), "eval": rows}
+    path = run_dir / f"eval_scaling_{method}_{factor:g}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    # JSON has no NaN or Infinity: a loss that overflowed is written as null, as results.json writes it.
+    text = json.dumps(json.loads(json.dumps(record), parse_constant=lambda _: None), indent=2, allow_nan=False)
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    return [path]
+
+
 def _write(model, setup, out: Path, tag: str, about: dict) -> list[Path]:
     """analysis.json, the attention figure and the per-layer figure."""
     from blocklab.analysis.plots import layer_figure, save
@@ -69,7 +124,15 @@ def main(argv=None) -> None:
     parser.add_argument("target", nargs="*", help="RUN_DIR, or with --init: config overrides")
     parser.add_argument("--init", action="store_true", help="analyse a freshly initialised model")
     parser.add_argument("--out", type=Path, default=None, help="output directory for --init")
+    parser.add_argument("--eval-scaling", metavar="METHOD:FACTOR", default=None,
+                        help="evaluate RUN_DIR's weights under a context extension (pi, ntk, yarn; none), no training")
     args = parser.parse_args(argv)
+    scaling = None
+    if args.eval_scaling is not None:
+        if args.init:
+            parser.error("--eval-scaling evaluates a trained run: give RUN_DIR, not --init")
+        scaling = parse_scaling(args.eval_scaling)
+        exit_on(scaling if isinstance(scaling, str) else None)
     if not args.init:
         if len(args.target) != 1:
             parser.error("give one RUN_DIR, or --init with config overrides")
@@ -84,6 +147,8 @@ def main(argv=None) -> None:
         if args.init:
             out = args.out or Path("outputs/analyze") / time.strftime("%Y-%m-%d_%H-%M-%S")
             paths = analyze_init(args.target, out)
+        elif scaling is not None:
+            paths = eval_scaling(Path(args.target[0]), *scaling)
         else:
             paths = analyze_run(Path(args.target[0]))
     except ConfigError as err:

@@ -262,7 +262,8 @@ SCHEMA: dict[str, Group] = {
                             described="32-true (float32), bf16-mixed (bfloat16 matmuls, float32 weights and "
                                       "attention) or 64-true"), "enable_model_summary": Bool(), "num_sanity_val_steps": Int(0),
         "compile": Bool(), "threads": Nullable(POSITIVE_INT, "the launcher's share of the cores"),
-        "data_workers": Described(Int(0), "an integer >= 0 (0: batches built in the training process)")}),
+        "data_workers": Described(Int(0), "an integer >= 0 (0: batches built in the training process)"),
+        "resume_from": Nullable(Text(), "a fresh start (else a finished run's folder, whose weights it starts from)")}),
     "logger": Group({"_target_": Nullable(Choice(LOGGERS), "no logger"), "name": Text(), "project": Text(),
                      "mode": Choice(("offline", "online", "disabled"), "offline, online or disabled", "a W&B mode")}, owner="the logger class (logger._target_)"),
     "diagnostics": Group({

@@ -24,6 +24,7 @@ from blocklab.train.callbacks import (DivergenceGuard, GracefulInterrupt, LastCh
                                      StepRecord)
 from blocklab.train.checkpoint_io import AtomicCheckpointIO
 from blocklab.train.checks import check_run_dir, own_run_dir
+from blocklab.train.continued import continued_setup, load_source_weights
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_loggers, check_loggers, log_results
 from blocklab.train.module import LitTransformer
@@ -43,7 +44,7 @@ LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU availa
 for _logger in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_logger).addFilter(lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER))
 # Trainer-group keys that BlockLab reads itself; the rest are lightning.Trainer's arguments.
-BLOCKLAB_TRAINER_KEYS = ("compile", "threads", "data_workers")
+BLOCKLAB_TRAINER_KEYS = ("compile", "threads", "data_workers", "resume_from")
 # Lightning calls torch's deprecated pytree API on every fit; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 # Loader workers are trainer.data_workers, chosen per trainer preset: on 2 cores they would take the training's cores.
@@ -64,6 +65,7 @@ def prepare(cfg: DictConfig) -> Setup:
         raise ConfigError(error)
     check_loggers(cfg.logger)
     check_run_dir(setup.run_dir)
+    setup = continued_setup(setup)  # trainer.resume_from: its source checked, YaRN's original context its own
     return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, setup.groups))
 
 
@@ -102,6 +104,8 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
     lit = LitTransformer(setup.model_cfg, groups["optim"],
                          [n for n in task.eval_lengths if task.in_distribution(n)], target_loss=groups["target_loss"],
                          compile=bool(groups["trainer"].get("compile")))
+    if start_step is None:  # trainer.resume_from: a fresh run from that run's final weights (else nothing)
+        load_source_weights(lit.model, setup)
 
     loggers = build_loggers(cfg, run_dir, f"{task.name}-{run_name}", task.name, sweep_tags_and_group(groups))
     for logger in loggers:
