@@ -7,6 +7,7 @@ import contextlib
 import copy
 import difflib
 import io
+import os
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
@@ -294,6 +295,8 @@ def command_problem(args) -> None:
     without a word), or a sweep file without -m (Hydra would train its first job alone)."""
     from blocklab.naming import override_key
 
+    if os.environ.get("LOCAL_RANK", "0") != "0":  # a DDP rank Lightning started: it appends its own hydra.run.dir
+        return  # to the command its rank zero checked
     keys: dict[str, list[str]] = {}
     for override in args.overrides:
         keys.setdefault(override_key(override), []).append(override)
