@@ -6,13 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from joblib import cpu_count
 
 from blocklab.train.job import share_of_cores
 from conftest import ROOT
+from helpers import assert_refused_cli, wait_until
 
 TINY = ["trainer.max_steps=30", "trainer.val_check_interval=15", "logger=none", "task.eval_examples=16",
         "diagnostics=none"]
@@ -68,21 +68,21 @@ def test_multirun_jobs_run_side_by_side_on_their_share_of_the_cores(tmp_path):
     assert "Joblib.Parallel(n_jobs=-1" in proc.stdout + proc.stderr
     results = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}
     assert sorted(results) == ["0", "1"] and {r["status"] for r in results.values()} == {"completed"}
-    assert results["0"]["threads"] == 1 and results["1"]["threads"] == 2  # loky's share; the key's value
+    # Two jobs at once split the cores joblib counts (affinity, cgroup quota); the key's value where it is set.
+    assert results["0"]["threads"] == max(1, cpu_count() // 2) and results["1"]["threads"] == 2
     assert all(r["beside_other_jobs"] is True for r in results.values())  # the report's speed caveat reads it
     assert "\x1b[" not in proc.stdout
 
 
 def test_an_interrupted_side_by_side_sweep_saves_every_running_job_and_resumes(tmp_path):
     """SIGTERM to the launching process alone: it passes the signal on to joblib's workers, each running job saves
-    its checkpoint, the queued job does not start, exit 143; the same command resumes and finishes all three."""
+    its checkpoint, the queued job does not start, exit 143; the same command resumes and finishes all three.
+    Two workers (hydra.launcher.n_jobs=2), so two jobs run and one waits on any number of cores."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", "seed=0,1,2", "trainer.max_steps=150", "checkpoint_every=5",
-           *TINY[1:], f"hydra.sweep.dir={sweep}"]
+           "hydra.launcher.n_jobs=2", *TINY[1:], f"hydra.sweep.dir={sweep}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while len(list(sweep.glob("*/checkpoints/last.ckpt"))) < 2 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    wait_until(lambda: len(list(sweep.glob("*/checkpoints/last.ckpt"))) >= 2, proc, timeout=120)
     os.kill(proc.pid, signal.SIGTERM)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 143, output[-3000:]
@@ -114,6 +114,5 @@ def test_a_launch_of_fewer_jobs_than_cores_gives_each_more_threads(tmp_path):
 
 def test_ddp_cannot_run_beside_other_jobs_and_is_refused_before_launch(tmp_path):
     proc = train(["-m", "seed=0,1", "trainer=ddp", *TINY, f"hydra.sweep.dir={tmp_path / 'sweep'}"])
-    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
-    assert proc.stderr.startswith("error: trainer.strategy=ddp") and "add hydra.launcher.n_jobs=1" in proc.stderr
-    assert not (tmp_path / "sweep").exists()
+    line = assert_refused_cli(proc, "add hydra.launcher.n_jobs=1", tmp_path / "sweep")
+    assert line.startswith("error: trainer.strategy=ddp")
