@@ -1,13 +1,15 @@
 """Trust boundaries of a run folder (issue 44): a folder may come from anyone, so nothing in it is unpickled, one
 process owns it while it runs, and damage is refused in one line, never repaired behind the user's back."""
+import fcntl
+import os
 import shutil
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
-from filelock import FileLock
 
 from blocklab.errors import ConfigError
 from blocklab.results import read_results
@@ -25,6 +27,17 @@ class WritesMarker:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
+
+
+@contextmanager
+def held(lock_path):
+    """The run folder's lock, held by this process as a running owner holds it (an exclusive flock)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +82,7 @@ def test_a_crafted_checkpoint_runs_nothing_on_resume_generate_or_analyze(run_cop
 def test_a_second_command_on_a_folder_in_use_is_refused_and_writes_nothing(run_copy):
     (run_copy / "results.json").unlink()
     before = {p: p.stat().st_mtime_ns for p in run_copy.rglob("*") if p.name != LOCK_FILE}
-    with FileLock(run_copy / LOCK_FILE):  # as the running owner holds it
+    with held(run_copy / LOCK_FILE):  # as the running owner holds it
         refused = run_cli([*FAST, f"hydra.run.dir={run_copy}"])
     assert refused.returncode == 2
     assert str(run_copy) in one_error_line(refused.stderr) and "in use" in refused.stderr
@@ -78,9 +91,10 @@ def test_a_second_command_on_a_folder_in_use_is_refused_and_writes_nothing(run_c
 
 def test_a_lock_left_by_a_killed_process_never_blocks(run_copy):
     (run_copy / "results.json").unlink()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from filelock import FileLock; "
-                               f"FileLock({str(run_copy / LOCK_FILE)!r}).acquire(); print('held', flush=True); "
-                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, time; "
+                               f"fd = os.open({str(run_copy / LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     holder.send_signal(signal.SIGKILL)
     holder.wait()
@@ -149,7 +163,7 @@ def test_a_sweep_skips_a_job_folder_in_use_and_writes_nothing_there(tmp_path):
     args = ["-m", *FAST, "seed=0,1", "hydra/launcher=basic", f"hydra.sweep.dir={sweep_dir}",
             "hydra.sweep.subdir=${seed}"]
     (sweep_dir / "1").mkdir(parents=True)
-    with FileLock(sweep_dir / "1" / LOCK_FILE):
+    with held(sweep_dir / "1" / LOCK_FILE):
         done = run_cli(args)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "error: job skipped" in done.stderr and "in use" in done.stderr
