@@ -139,29 +139,20 @@ def draws(n: int):
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
+def fault_test(entry: str, n: int):
+    @draws(n)
+    @given(**faults)
+    def test(finished, reference, name, kind, where, bit):
+        check_draw(finished, reference, entry, name, kind, where, bit)
+
+    return test
+
+
 # 200 draws in the default run: the cheap entry points take most of them.
-@draws(90)
-@given(**faults)
-def test_resume_of_a_damaged_folder(finished, reference, name, kind, where, bit):
-    check_draw(finished, reference, "resume", name, kind, where, bit)
-
-
-@draws(80)
-@given(**faults)
-def test_generate_from_a_damaged_folder(finished, reference, name, kind, where, bit):
-    check_draw(finished, reference, "generate", name, kind, where, bit)
-
-
-@draws(15)
-@given(**faults)
-def test_analyze_a_damaged_folder(finished, reference, name, kind, where, bit):
-    check_draw(finished, reference, "analyze", name, kind, where, bit)
-
-
-@draws(15)
-@given(**faults)
-def test_report_on_a_damaged_folder(finished, reference, name, kind, where, bit):
-    check_draw(finished, reference, "report", name, kind, where, bit)
+test_resume_of_a_damaged_folder = fault_test("resume", 90)
+test_generate_from_a_damaged_folder = fault_test("generate", 80)
+test_analyze_a_damaged_folder = fault_test("analyze", 15)
+test_report_on_a_damaged_folder = fault_test("report", 15)
 
 
 @pytest.mark.slow
