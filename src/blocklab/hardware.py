@@ -100,15 +100,6 @@ def precision_warning(accelerator: str | None, precision: str) -> str | None:
             "on such a CPU (experiment=nanogpt_baby: ~1,040 vs 60 ms a step); use trainer.precision=32-true")
 
 
-def training_device(trainer: dict) -> torch.device:
-    """The device a one-device run of the trainer group trains on, as Lightning picks it: `gpu` and `cuda` are the
-    first CUDA device, `auto` that one where torch sees it and the CPU otherwise."""
-    accelerator = trainer.get("accelerator") or "cpu"
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", 0)
-    return torch.device("mps" if accelerator == "mps" else "cpu")
-
-
 def finish_queued_work(device: torch.device) -> None:
     """Wait for what was queued on a GPU (its kernels run after the Python call returns), so a timing ends when
     the work does; a CPU ran it already."""

@@ -1,6 +1,5 @@
 """The benchmarks. Each takes a size ("full" or "tiny", the latter for the smoke test) and returns
 {"rows": [...table rows...], "targets": {name: verdict}, ...}. Targets are the issue's ratios."""
-import json
 import logging
 import os
 import statistics
@@ -12,7 +11,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from blocklab.bench.attention import attention
 from blocklab.bench.kernels import kernels
@@ -379,6 +377,3 @@ def activations(size: str = "full") -> dict:
 BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
               "activations": activations, "launch": launch, "malloc": malloc, "kernels": kernels}
 
-
-def to_json(results: dict) -> str:
-    return json.dumps(results, indent=2)
