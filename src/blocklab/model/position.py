@@ -370,20 +370,24 @@ class RoPE(PositionScheme):
         return errs + base_errors(options["base"])
 
     def rotate(self, q, k, positions):
-        rotation = self.rotations(positions, q.dtype)
+        # the rotated width is q's: d_head, or a part of it (MLA's decoupled RoPE dimensions)
+        rotation = self.rotations(positions, q.dtype, q.shape[-1])
         return _rotate_pairs(q, rotation), _rotate_pairs(k, rotation)
 
-    def rotations(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
-        """exp(i angle) for every position and frequency, (B|1, 1, T, d_head/2), once per positions tensor."""
+    def rotations(self, positions: Tensor, dtype: torch.dtype, dim: int | None = None) -> Tensor:
+        """exp(i angle) for every position and frequency, (B|1, 1, T, dim/2), once per positions tensor; dim
+        (default d_head) the rotated width, its frequencies base^(-2i/dim)."""
+        dim = self.d_head if dim is None else dim
+
         def make():
             scaling = POSITION_SCALINGS[self.scaling.method]
-            frequencies = scaling.frequencies(self.base, self.d_head, self.scaling, positions.device)
+            frequencies = scaling.frequencies(self.base, dim, self.scaling, positions.device)
             scaled = scaling.positions(positions, self.scaling)
             angles = (scaled.to(torch.float32)[..., None] * frequencies)[:, None]
             magnitude = torch.full_like(angles, scaling.temperature(self.scaling))  # 1 but under YaRN
             return torch.polar(magnitude, angles).to(_COMPLEX[_rotation_dtype(dtype)])
 
-        return self.memo.get((positions,), (dtype,), make)
+        return self.memo.get((positions,), (dtype, dim), make)
 
 
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}

@@ -1,0 +1,159 @@
+"""Multi-head latent attention (attn.kind=mla) against DeepSeek-V2's equations (§2.1.2-2.1.3), written out here
+head by head: causality, cached decoding = recomputation, the absorbed decode form = the explicit form, and a
+cache of (kv_rank + rope_dim) numbers per token and layer."""
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blocklab.model import build_model
+from blocklab.model.config import PosConfig
+from blocklab.model.mla import MultiHeadLatentAttention
+from blocklab.model.position import RoPE
+
+from helpers import assert_cached_steps_equal_full, tokens
+from variants import tiny_cfg  # noqa: E402
+
+H, D_MODEL = 4, 32
+D_H = D_MODEL // H
+
+
+def mla_model(pos="rope", kv_rank=12, rope_dim=4, seed=0, pos_options=None, **fields):
+    cfg = tiny_cfg(pos, kind="mla", options={"kv_rank": kv_rank, "rope_dim": rope_dim}, max_len=128, **fields)
+    if pos_options:
+        cfg = dataclasses.replace(cfg, pos=PosConfig(pos, options=pos_options))
+        assert cfg.errors() == []
+    torch.manual_seed(seed)
+    return build_model(cfg).double().eval()
+
+
+def paper_layer(attn: MultiHeadLatentAttention, h: torch.Tensor, rope: RoPE) -> torch.Tensor:
+    """Eqs. 9-18 for one causal sequence h (T, d_model), head by head, from the layer's weights."""
+    w_q, w_kr, w_dkv = attn.qkv_proj.weight.split(attn.qkv_sizes)
+    b_q, b_kr, b_dkv = attn.qkv_proj.bias.split(attn.qkv_sizes)
+    w_uk, w_uv = attn.up_proj.weight.view(2, H, D_H, attn.kv_rank)
+    c_kv = h @ w_dkv.T + b_dkv  # eq. 9
+    positions = torch.arange(h.shape[0])[None]
+    k_r = h @ w_kr.T + b_kr  # eq. 15, before RoPE: one for all heads
+    q_r_all = (h @ attn.q_rope_proj.weight.T + attn.q_rope_proj.bias).view(-1, H, attn.rope_dim)
+    outputs = []
+    for i in range(H):
+        q_c = h @ w_q[i * D_H:(i + 1) * D_H].T + b_q[i * D_H:(i + 1) * D_H]
+        k_c, v_c = c_kv @ w_uk[i].T, c_kv @ w_uv[i].T  # eqs. 10-11
+        q_r, k_rot = rope.rotate(q_r_all[None, None, :, i], k_r[None, None], positions)  # eqs. 14-15
+        q = torch.cat((q_c, q_r[0, 0]), -1)
+        k = torch.cat((k_c, k_rot[0, 0]), -1)
+        scores = q @ k.T / math.sqrt(D_H + attn.rope_dim)  # eq. 17
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        outputs.append(scores.softmax(-1) @ v_c)
+    return torch.cat(outputs, -1) @ attn.out_proj.weight.T + attn.out_proj.bias  # eq. 18
+
+
+def test_the_layer_is_the_papers_equations():
+    model = mla_model()
+    attn = model.blocks[0].attn
+    h = torch.randn(1, 10, D_MODEL, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ctx = SimpleNamespace(positions=torch.arange(10)[None], position_scheme=model.pos, mask=None, is_causal=True,
+                          cache=None, need_weights=False)
+    with torch.no_grad():
+        ours = attn(h, ctx)
+        rope = RoPE(D_MODEL, H, attn.rope_dim)  # RoPE over the decoupled dimensions only
+        expected = paper_layer(attn, h[0], rope)
+    torch.testing.assert_close(ours[0], expected, rtol=1e-10, atol=1e-10)
+
+
+def test_absorbed_form_equals_explicit_form():
+    model = mla_model(kv_rank=6, rope_dim=2)
+    attn = model.blocks[1].attn
+    g = torch.Generator().manual_seed(3)
+    q_c = torch.randn(2, H, 7, D_H, dtype=torch.float64, generator=g)
+    q_r = torch.randn(2, H, 7, 2, dtype=torch.float64, generator=g)
+    latent = torch.randn(2, 1, 11, 6, dtype=torch.float64, generator=g)
+    k_r = torch.randn(2, 1, 11, 2, dtype=torch.float64, generator=g)
+    mask = torch.randn(2, 1, 7, 11, dtype=torch.float64, generator=g)  # a bias and padding read the same
+    for ctx in (SimpleNamespace(mask=None, is_causal=False, need_weights=False),
+                SimpleNamespace(mask=mask, is_causal=False, need_weights=False)):
+        with torch.no_grad():
+            explicit = attn.explicit_form(q_c, q_r, latent, k_r, ctx)
+            absorbed = attn.absorbed(q_c, q_r, latent, k_r, ctx)
+        torch.testing.assert_close(absorbed, explicit, rtol=1e-10, atol=1e-10)
+        assert explicit.abs().max() > 1e-3  # not trivially zero
+
+
+def test_causal_no_output_sees_a_later_token():
+    model = mla_model()
+    idx = tokens((2, 16))
+    changed = idx.clone()
+    changed[:, 9:] = (changed[:, 9:] + 1) % 20
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    assert torch.equal(a[:, :9], b[:, :9])
+    assert (a[:, 9:] - b[:, 9:]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("pos,options", [("rope", None), ("alibi", None), ("none", None),
+                                         ("rope", {"scaling": "yarn", "scaling_factor": 4.0, "original_context": 8}),
+                                         ("rope", {"scaling": "pi", "scaling_factor": 2.0})])
+def test_cached_decoding_equals_recomputation(pos, options):
+    model = mla_model(pos, pos_options=options)
+    assert_cached_steps_equal_full(model, tokens((2, 24)), prefix=6, then=3, tol=1e-9)
+
+
+def test_cache_holds_the_latent_and_the_rope_key_only():
+    kv_rank, rope_dim = 12, 4
+    model = mla_model(kv_rank=kv_rank, rope_dim=rope_dim).float()
+    layers = len(model.blocks)
+    assert model.cache_bytes_per_token() == (kv_rank + rope_dim) * 4 * layers  # float32: 4 bytes
+    assert model.double().cache_bytes_per_token() == (kv_rank + rope_dim) * 8 * layers
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(tokens((3, 10)), cache=cache)
+        model(tokens((3, 1)), cache=cache)
+    assert cache.bytes() == 3 * 11 * (kv_rank + rope_dim) * 8 * layers  # 3 sequences of 11 tokens, float64
+    # ...less than MHA's 2 d_model numbers per token and layer
+    assert kv_rank + rope_dim < 2 * D_MODEL
+
+
+def test_hot_path_is_scaled_dot_product_attention(monkeypatch):
+    model = mla_model()
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        model(tokens((1, 8)))
+        assert len(calls) == len(model.blocks)
+        cache = model.new_cache()
+        model(tokens((1, 8)), cache=cache)
+        model(tokens((1, 1)), cache=cache)
+    assert len(calls) == 3 * len(model.blocks)
+
+
+def test_mla_trains():
+    model = mla_model().float().train()
+    idx = tokens((4, 16))
+    optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5
+    assert all(p.grad is not None for p in model.blocks[0].attn.parameters())
+
+
+@pytest.mark.parametrize("options,fields,needle", [
+    ({"rope_dim": 3}, {}, "attn.rope_dim=3 must be even"),
+    ({"kv_rank": 0}, {}, "attn.kv_rank=0 must be a positive integer"),
+    ({}, {"n_kv_heads": 2}, "attn.n_kv_heads=2: attn.kind=mla"),
+    ({}, {"qk_norm": True}, "attn.qk_norm and attn.short_conv"),
+])
+def test_bad_options_are_one_line(options, fields, needle):
+    cfg = tiny_cfg("rope", kind="mla")
+    cfg = dataclasses.replace(cfg, attn=dataclasses.replace(cfg.attn, options=options, **fields))
+    errors = cfg.errors()
+    assert len(errors) == 1 and needle in errors[0], errors
