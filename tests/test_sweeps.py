@@ -255,6 +255,7 @@ def test_sweep_survives_a_kill_resumes_and_reports(tmp_path):
     proc = subprocess.Popen(sweep_cmd(sweep_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     wait_until(lambda: list(sweep_dir.glob("*/results.json")), proc, timeout=300, every=0.5)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]  # still running: the kill lands mid-sweep
     os.killpg(proc.pid, signal.SIGKILL)  # kill the whole sweep once the first pair finishes, before the second does
     proc.wait()
     finished = {p: p.read_bytes() for p in sweep_dir.glob("*/results.json")}
