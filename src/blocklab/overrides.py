@@ -19,6 +19,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException
 
+import blocklab.modifications  # noqa: F401 - registers ${modifications:}, which the modifications sweep's params use
 from blocklab.paths import CONF_DIR
 from blocklab.schema import schema_errors
 

@@ -1,4 +1,6 @@
-"""python -m blocklab.report SWEEP_DIR: writes SWEEP_DIR/report/{index.html, summary.csv, *.png}."""
+"""python -m blocklab.report SWEEP_DIR: writes SWEEP_DIR/report/{index.html, summary.csv, *.png}.
+With --findings DIR (docs/findings): also the sweep's findings page, its figure and its data (NAME.md, .png, .jsonl)
+and the index DIR/README.md; --findings DIR --rerender (no SWEEP_DIR): every page again from its committed data."""
 import argparse
 from pathlib import Path
 
@@ -9,11 +11,23 @@ from blocklab.startup import uncollected_imports
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("sweep_dir", type=Path, help="a sweep directory, or a folder of them")
+    parser.add_argument("sweep_dir", type=Path, nargs="?", help="a sweep directory, or a folder of them")
     parser.add_argument("--bench", type=Path, action="append", default=[], metavar="FILE",
                         help="a JSON `python -m blocklab.bench --out FILE` wrote (repeatable); else the report reads "
                              "outputs/bench/NAME.json")
+    parser.add_argument("--findings", type=Path, metavar="DIR",
+                        help="also write the findings page, figure and data of each study here (docs/findings)")
+    parser.add_argument("--rerender", action="store_true",
+                        help="with --findings and no SWEEP_DIR: render every page in DIR again from its .jsonl")
     args = parser.parse_args(argv)
+    if args.rerender:
+        _rerender(args)
+        return
+    if args.sweep_dir is None:
+        exit_on("give the sweep's output folder (python -m blocklab.report outputs/sweeps/NAME), or "
+                "--findings docs/findings --rerender")
+    if args.findings is not None and args.findings.exists() and not args.findings.is_dir():
+        exit_on(f"--findings {args.findings} is not a folder; give the findings folder, e.g. docs/findings")
     # Bad input: one line on stderr naming the problem and the fix, exit 2, before any file is written.
     if not args.sweep_dir.is_dir():
         exit_on(f"{args.sweep_dir} is not a directory; give the sweep's output folder, e.g. outputs/sweeps/pe_copy")
@@ -33,6 +47,28 @@ def main(argv=None) -> None:
     except ConfigError as err:  # a study block or benchmark file the report cannot read (before any file is written)
         exit_on(str(err))
     print(f"wrote {path} ({len(rows)} runs)")
+    if args.findings is not None:
+        from blocklab.report.findings import write_findings
+
+        try:
+            written = write_findings(args.sweep_dir, rows, study_specs(args.sweep_dir, rows), args.findings)
+        except ConfigError as err:
+            exit_on(str(err))
+        print(f"wrote {', '.join(str(p) for p in written)}")
+
+
+def _rerender(args) -> None:
+    if args.findings is None or args.sweep_dir is not None:
+        exit_on("--rerender renders the committed pages again: give --findings DIR and no SWEEP_DIR")
+    if not args.findings.is_dir():
+        exit_on(f"--findings {args.findings} is not a folder; give the findings folder, e.g. docs/findings")
+    with uncollected_imports("matplotlib"):
+        from blocklab.report.findings import rerender
+    try:
+        changed = rerender(args.findings)
+    except ConfigError as err:
+        exit_on(str(err))
+    print(f"re-rendered {args.findings}: {len(changed)} file(s) changed" + "".join(f"\n  {p}" for p in changed))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""The `modifications` sweep's jobs, from the registries: a decoder-LM baseline and one change at a time.
+
+Every Registry of blocklab.model names a config key (`attn.kind`, `norm.placement`...), whose first part is a config
+group. A modification is one option of such a group (conf/<group>/<option>.yaml, so MQA and GQA, which are options
+of `attn`, count), or, for a registry entry no option selects, that entry set on the baseline's option
+(`pos.scaling=yarn`). Each is stored in Hydra's ConfigStore as an option of the group `modification` (package
+_global_: an `override /<group>: <option>` in its defaults list, or the key's value), so each job is composed by
+Hydra like any other: `+modification=attn-mqa`. The sweep file asks for them with `${modifications:}`, which
+registers them and returns the names that apply to a decoder LM; the rest are `plan().left_out`, each with the
+first line config_errors gives for it. An entry registered later joins the sweep without an edit."""
+from dataclasses import dataclass, field
+from functools import cache
+
+from omegaconf import OmegaConf
+
+from blocklab.paths import CONF_DIR
+
+GROUP = "modification"
+BASELINE = "baseline"
+SWEEP = ["sweep=modifications"]
+
+
+@dataclass
+class Plan:
+    jobs: list[str] = field(default_factory=list)  # applies to a decoder LM, baseline first
+    left_out: dict[str, str] = field(default_factory=dict)  # name -> why not
+
+
+def registries() -> dict:
+    """Every Registry defined in a module of blocklab.model, by its config key."""
+    import importlib
+    import pkgutil
+
+    import blocklab.model
+    from blocklab.registry import Registry
+
+    found = {}
+    for info in pkgutil.iter_modules(blocklab.model.__path__):
+        module = importlib.import_module(f"blocklab.model.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, Registry) and "." in value.key:
+                found[value.key] = value
+    return dict(sorted(found.items()))
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _compose(overrides: list[str]):
+    """A job's config as Hydra composes it (inside an initialized Hydra, e.g. the sweeper, or on our own)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name="config", overrides=[*overrides, "run_dir=unused"])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        return compose(config_name="config", overrides=[*overrides, "run_dir=unused"])
+
+
+# conf/model holds sizes (tiny, small), not architectures: the study is at one size, and model.arch's entries join
+# one by one.
+SIZE_GROUPS = ("model",)
+
+
+def candidates() -> dict[str, dict]:
+    """name -> the ConfigStore node of every modification, before asking which apply: each option of a group a
+    registry selects that composes differently from the baseline's, then each registry entry no option selects."""
+    base = _compose(SWEEP)
+    nodes = {BASELINE: {}}
+    for key, registry in registries().items():
+        group, _, field_ = key.partition(".")
+        if group not in base or "." in field_:
+            continue
+        selected = {OmegaConf.select(base, key)}
+        for option in [] if group in SIZE_GROUPS else _options(group):
+            composed = _compose([*SWEEP, f"{group}={option}"])[group]
+            selected.add(OmegaConf.select(composed, field_))
+            if composed != base[group]:
+                nodes.setdefault(f"{group}-{option}", {"defaults": [{f"override /{group}": option}]})
+        for entry in registry.names():
+            if entry not in selected:
+                nodes[f"{group}_{field_}-{entry}"] = {group: {field_: entry}}
+    return nodes
+
+
+def register(nodes: dict[str, dict]) -> None:
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name, node in nodes.items():
+        store.store(group=GROUP, name=name, node=node, package="_global_")
+
+
+def plan() -> Plan:
+    """Which modifications apply to a decoder LM: those whose composed job passes config_errors."""
+    from blocklab.experiment import config_errors
+
+    register({BASELINE: {}})
+    nodes = candidates()
+    register(nodes)
+    out = Plan()
+    for name in nodes:
+        config = OmegaConf.to_container(_compose([*SWEEP, f"+{GROUP}={name}"]), resolve=True)
+        errors = config_errors(config)
+        if not errors and not config["attn"]["causal"]:
+            errors = [f"{name} sets attn.causal=false: a decoder LM would see the token it is asked to predict"]
+        if errors:
+            out.left_out[name] = errors[0]
+        else:
+            out.jobs.append(name)
+    return out
+
+
+@cache
+def _names() -> str:
+    return ",".join(plan().jobs)
+
+
+def _resolve() -> str:
+    """`${modifications:}`: the modifications that apply, comma-separated (a sweep over +modification)."""
+    return _names()
+
+
+OmegaConf.register_new_resolver("modifications", _resolve, replace=True)

@@ -1,0 +1,532 @@
+"""Findings pages: docs/findings/<sweep>.md, its figure and its data, one page per sweep, and the index.
+
+`python -m blocklab.report SWEEP_DIR --findings docs/findings` writes, per study in the folder:
+  <sweep>.jsonl   a header line (the setup: command, scale, seeds, model size, steps, machines, summed training
+                  time, the commit and date of generation, the study block) then one line per job with only the
+                  fields of results.json the page uses;
+  <sweep>.md      rendered ONLY from that file through templates/findings.md.j2;
+  <sweep>.png     its figure, drawn from that file too.
+`--rerender` renders every page (and the index, docs/findings/README.md) again from the committed files, so a page
+cannot drift from its data (tests/test_findings.py fails on any difference). A sweep with no committed data gets a
+page whose first line says it is not measured yet, built from its sweep file alone: no number is invented.
+
+Everything read from a run or a sweep folder is untrusted: it reaches the Markdown only through the `md` escape
+(or as a code span fenced longer than any backtick run in it), never as markup."""
+import datetime
+import io
+import json
+import math
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup
+
+from blocklab import study_folder
+from blocklab.errors import ConfigError
+from blocklab.paths import CONF_DIR
+from blocklab.report import stats
+from blocklab.report.common import group, name as setting_name, order
+from blocklab.results import LEARNED_THRESHOLD, RESULTS_FILE, swept_overrides
+
+SWEEPS = CONF_DIR / "sweep"
+EXERCISES = [f"1.{i}" for i in range(1, 15)]
+PROOF = "1.6"  # a proof, answered by a test (tests/model/test_position.py), not by a sweep
+PROOF_TEST = "tests/model/test_position.py"
+MAX_PNG_BYTES = 150_000
+FORMAT = 1  # the jsonl layout; a page refuses a file of another
+# The fields of results.json a page uses (and the eval rows' columns it reads); nothing else is kept.
+JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match", "final_val_loss", "params",
+              "tokens_per_s", "train_time_s", "steps", "machine", "commit")
+EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss")
+STUDY_FIELDS = ("name", "scale", "question", "exercise", "source", "paper", "compare", "metrics", "verdict",
+                "baseline", "page")
+OUTCOMES = {"yes": "yes", "scale": "not at this scale", "no": "no", "none": "not measured"}
+NUMERIC = re.compile(r"[-+–\d.,\[\]\s%e]*(\(1 seed\))?")
+SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+# ---------------------------------------------------------------- Markdown, escaped
+def md(value) -> str:
+    """Untrusted text as Markdown that shows it literally, on one line (a table cell stays one cell)."""
+    if isinstance(value, Markup):
+        return value
+    if value is None:
+        return "–"
+    text = " ".join(str(value).split())
+    if NUMERIC.fullmatch(text) and "](" not in text:  # a number, interval or count: nothing Markdown reads
+        return text
+    text = text.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = re.sub(r"([`*\[\]|#!])", r"\\\1", text)
+    return re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)  # an intraword _ is never emphasis
+
+
+def code(value) -> Markup:
+    """A code span that holds any text: fenced by one more backtick than its longest run (CommonMark)."""
+    text = " ".join(str(value).split())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return Markup(f"{fence}{pad}{text}{pad}{fence}")
+
+
+ENV = jinja2.Environment(loader=jinja2.PackageLoader("blocklab.report", "templates"), autoescape=False,
+                         finalize=md, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                         keep_trailing_newline=True)
+ENV.filters["code"] = code
+
+
+# ---------------------------------------------------------------- from a sweep folder to the jsonl
+def _plain(value):
+    """A JSON scalar: a non-finite float is null, anything not a scalar is left out (null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value if value is None or isinstance(value, (str, int, float, bool)) else None
+
+
+def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) -> dict:
+    """One job's line: its setting (the study's compare keys), seed, what it varied, and the fields a page uses."""
+    from blocklab.report.build import _value
+
+    record = {"job": Path(row["run"]).name, "setting": {k: _plain(row.get(k)) for k in keys},
+              "seed": _plain(row.get("seed")), "choices": {k: _plain(v) for k, v in results.get("choices", {}).items()},
+              "overrides": swept_overrides(results.get("overrides", []))}
+    record.update({f: _plain(results.get(f)) for f in JOB_FIELDS})
+    record["eval"] = [{f: _plain(e.get(f)) for f in EVAL_FIELDS} for e in results.get("eval") or []]
+    record["metrics"] = {m: _plain(_value(row, m)) for m in metrics}
+    return record
+
+
+def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
+    """The command that reruns these jobs: the sweep, then every key the jobs set, with the values they took."""
+    values: dict[str, list[str]] = {}
+    for overrides in records_overrides:
+        for override in overrides:
+            key, _, value = override.partition("=")
+            if key in ("sweep", "study.scale") or key.lstrip("+~").startswith("hydra"):
+                continue
+            if value not in values.setdefault(key, []):
+                values[key].append(value)
+    parts = [f"python train.py -m sweep={name}"] + ([f"study.scale={scale:g}"] if scale not in (None, 1) else [])
+    for key, seen in values.items():
+        seen = sorted(seen, key=lambda v: order(int(v) if v.lstrip("-").isdigit() else v))
+        parts.append(f"{key}={','.join(seen)}")
+    return " ".join(parts)
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], extra: dict | None = None) -> dict:
+    """The setup of the runs, as the page states it."""
+    import matplotlib
+
+    scale = study.get("scale", 1)
+    counts = lambda key: sorted({r.get(key) for r in rows if r.get(key) is not None}, key=order)  # noqa: E731
+    machines = Counter(r.get("machine") for r in results if r.get("machine"))
+    commits = sorted({r["commit"] for r in results if isinstance(r.get("commit"), str)})
+    return {"format": FORMAT, "sweep": study_folder(name, scale), "study": {k: study.get(k) for k in STUDY_FIELDS},
+            "command": _command(name, scale, [r.get("overrides", []) for r in results]),
+            "report": f"python -m blocklab.report outputs/sweeps/{study_folder(name, scale)} --findings docs/findings",
+            "scale": scale, "seeds": counts("seed"), "jobs": len(rows),
+            "d_model": counts("model.d_model"), "n_layers": counts("model.n_layers"), "n_heads": counts("model.n_heads"),
+            "task": sorted({str(r.get("task")) for r in rows}), "steps": counts("steps"),
+            "machines": dict(sorted(machines.items())),
+            "train_time_s": round(sum(r.get("train_time_s") or 0.0 for r in results), 1),
+            "commit": commits[0] if len(commits) == 1 else _git_commit(),
+            "commit_recorded": len(commits) == 1,
+            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
+
+
+def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], out: Path) -> list[Path]:
+    """Per study in the folder: its jsonl, page and figure under `out`; then the index. Raises ConfigError (one
+    line) for a study name that cannot name a file, before anything is written."""
+    from blocklab.report.build import metrics_spec
+
+    plans = []
+    for name, study in specs.items():
+        if not (isinstance(name, str) and SAFE_NAME.fullmatch(name)):
+            raise ConfigError(f"study.name={str(name)[:60]!r} cannot name a findings page; use letters, digits, _ - .")
+        members = [r for r in rows if r.get("study") == name]
+        keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
+        metrics = metrics_spec(study.get("metrics"), members)
+        verdict = study.get("verdict") or {}
+        if isinstance(verdict, dict) and isinstance(verdict.get("metric"), str) and verdict["metric"] not in metrics:
+            metrics = [*metrics, verdict["metric"]]
+        plans.append((name, study, members, keys, metrics))
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, study, members, keys, metrics in plans:
+        results = [json.loads((Path(r["run"]) / RESULTS_FILE).read_text(encoding="utf-8")) for r in members]
+        records = [job_record(r, res, keys, metrics) for r, res in zip(members, results)]
+        records.sort(key=lambda j: (tuple(order(v) for v in j["setting"].values()), order(j["seed"]), j["job"]))
+        extra = {"left_out": _left_out()} if "modification" in keys else {}
+        meta = meta_record(name, study, members, results, extra)
+        stem = meta["sweep"]
+        data = out / f"{stem}.jsonl"
+        data.write_text("".join(json.dumps(x, sort_keys=True, allow_nan=False) + "\n" for x in [meta, *records]),
+                        encoding="utf-8")
+        written += write_page(data)
+    written.append(write_index(out))
+    return written
+
+
+def _left_out() -> list[list[str]]:
+    """The modifications that do not apply to a decoder LM, with why (blocklab.modifications)."""
+    from blocklab.modifications import plan
+
+    return [[m, why] for m, why in plan().left_out.items()]
+
+
+def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
+    """A findings file: its header and its jobs. ConfigError (one line) where it is not one."""
+    try:
+        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: unreadable ({type(err).__name__}); regenerate it with python -m blocklab.report "
+                          "SWEEP_DIR --findings docs/findings") from None
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
+        raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
+                          "blocklab.report SWEEP_DIR --findings docs/findings")
+    return lines[0], lines[1:]
+
+
+# ---------------------------------------------------------------- from the jsonl to the page
+def _keys(meta: dict) -> list[str]:
+    return [k for k in meta["study"].get("compare") or [] if isinstance(k, str)]
+
+
+def _groups(meta: dict, jobs: list[dict]) -> dict[tuple, list[dict]]:
+    keys = _keys(meta)
+    rows = [{**{k: j["setting"].get(k) for k in keys}, "job": j} for j in jobs if j.get("status") == "completed"]
+    return {key: [r["job"] for r in members] for key, members in group(rows, keys).items()}
+
+
+def _metric(job: dict, metric: str):
+    return job["metrics"].get(metric) if metric in job["metrics"] else job.get(metric)
+
+
+def _direction(metric: str) -> bool | None:
+    from blocklab.report.build import _direction
+
+    return _direction(metric)
+
+
+def learned(groups: dict[tuple, list[dict]]):
+    """The HTML report's rule (build.learning): a setting learned when its seeds' mean in-distribution exact match
+    reaches the threshold one run is held to."""
+    from blocklab.report.build import learning
+
+    return learning({k: [{"exact_match_in": j.get("in_distribution_exact_match")} for j in members]
+                     for k, members in groups.items()})
+
+
+def learning_flag(meta: dict, groups) -> str | None:
+    """The flag a page puts before any conclusion: the HTML report's note (build.learning_note), as one line."""
+    from blocklab.report.build import learning_note
+
+    note = learning_note("", _keys(meta), learned(groups))
+    return None if note is None else f"{note.lead} {' '.join(str(p) for p in note.parts)}"
+
+
+def _select(groups, spec) -> tuple[str, list[dict]]:
+    """The jobs of every setting whose compare values (or choices) match `spec` ({key: value}); a label for them."""
+    spec = spec if isinstance(spec, dict) else {}
+    label = ", ".join(f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in spec.items())
+    jobs = [j for members in groups.values() for j in members
+            if spec and all(str(j["setting"].get(k, j["choices"].get(k))) == str(v) for k, v in spec.items())]
+    return label, jobs
+
+
+def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
+    """(outcome, sentence): the study's claim (study.verdict: claim, metric, better, than, paper_scale, why) tested
+    on the data. agrees: the intervals are apart and the claimed setting is better; contradicts: apart the other
+    way; not at this scale: they overlap, or a setting compared beyond its training lengths never learned them."""
+    study = meta["study"]
+    v, paper = study.get("verdict") or {}, study.get("paper") or "the paper"
+    if not isinstance(v, dict) or not isinstance(v.get("metric"), str):
+        return "none", "The sweep file states no claim to test (study.verdict)."
+    metric, where = v["metric"], v.get("where") or {}
+    groups = {k: [j for j in m if all(str(j["setting"].get(a, j["choices"].get(a))) == str(b)
+                                      for a, b in where.items())] for k, m in _groups(meta, jobs).items()}
+    groups = {k: m for k, m in groups.items() if m}
+    (a_name, a), (b_name, b) = _select(groups, v.get("better")), _select(groups, v.get("than"))
+    claim = v.get("claim") or f"{a_name} beats {b_name} on {metric}"
+    scale = v.get("paper_scale") or "a larger scale"
+    if not a or not b:
+        return "none", f"{claim}: no completed runs of {a_name if not a else b_name} here."
+    from blocklab.report.build import beyond_training
+
+    if beyond_training(metric):
+        for label, members in ((a_name, a), (b_name, b)):
+            scores = stats.finite([j.get("in_distribution_exact_match") for j in members])
+            if scores and sum(scores) / len(scores) < LEARNED_THRESHOLD:
+                k = sum(x >= LEARNED_THRESHOLD for x in scores)
+                return "scale", (f"{claim}: not testable at this scale, because {label} did not learn its training "
+                                 f"lengths (in-distribution exact match {stats.fmt(sum(scores) / len(scores))}, {k} of "
+                                 f"{len(scores)} seeds ≥ {LEARNED_THRESHOLD:g}); {paper} saw it at {scale}.")
+    ea, eb = stats.estimate([_metric(j, metric) for j in a]), stats.estimate([_metric(j, metric) for j in b])
+    if ea is None or eb is None:
+        return "none", f"{claim}: {metric} is not recorded for {a_name if ea is None else b_name}."
+    higher = _direction(metric) is not False
+    p = stats.prob_improvement(ea.values, eb.values, higher_is_better=higher)
+    said = (f"{a_name} {stats.mean_interval(ea)} against {b_name} {stats.mean_interval(eb)} on {metric} "
+            f"({stats.seeds_phrase(ea, eb)}), P({a_name} better) = {p:.2f}")
+    if stats.overlap(ea, eb):
+        return "scale", f"{claim}? {said}: the intervals overlap, so it does not show at this scale ({paper} saw it at {scale})."
+    if (ea.mean > eb.mean) == higher:
+        return "yes", f"{claim}: {said}, intervals apart: agrees with {paper}."
+    why = f" ({v['why']})" if v.get("why") else ""
+    return "no", f"{claim}? {said}, intervals apart the other way: contradicts {paper} at this scale{why}."
+
+
+def _table(meta: dict, groups) -> dict:
+    metrics = [m for m in meta["study"].get("metrics") or [] if isinstance(m, str)] or ["final_val_loss"]
+    learn = learned(groups)
+    header = ["setting", "seeds", "learned (seeds ≥ %g)" % LEARNED_THRESHOLD, *(f"{m} mean [95% CI]" for m in metrics)]
+    body = []
+    for key, members in groups.items():
+        e = learn.get(key)
+        body.append([setting_name(_keys(meta), key) or "all runs", str(len(members)),
+                     f"{e.learned_seeds} of {e.measured}" if e else "–",
+                     *(stats.mean_interval(stats.estimate([_metric(j, m) for j in members])) for m in metrics)])
+    pairs = []
+    if len(groups) == 2:  # two settings: P(A better than B) on every metric with a better direction
+        (ka, a), (kb, b) = groups.items()
+        for m in metrics:
+            if (higher := _direction(m)) is not None:
+                p = stats.prob_improvement([_metric(j, m) for j in a], [_metric(j, m) for j in b], higher)
+                if p is not None:
+                    pairs.append(f"P({setting_name(_keys(meta), ka)} better than {setting_name(_keys(meta), kb)} "
+                                 f"on {m}) = {p:.2f}")
+    return {"header": header, "body": body, "pairs": pairs}
+
+
+def _context_loss(job: dict, times: int = 4):
+    """The loss at `times` the longest trained length (an LM's context), None where not evaluated there."""
+    trained = [e["length"] for e in job["eval"] if e.get("in_distribution") and e.get("length")]
+    if not trained:
+        return None
+    return next((e.get("loss") for e in job["eval"] if e.get("length") == times * max(trained)), None)
+
+
+def _against_baseline(meta: dict, groups) -> dict:
+    """The modifications table (Narang et al. 2021's, with intervals): params, tokens/s, final validation loss,
+    Δ against the baseline with P(better), loss at 4x the context; sorted by loss, the baseline marked."""
+    keys, base = _keys(meta), meta["study"].get("baseline") or {}
+    is_base = lambda key: all(str(dict(zip(keys, key)).get(k)) == str(v) for k, v in base.items())  # noqa: E731
+    base_jobs = next((m for k, m in groups.items() if is_base(k)), [])
+    b = stats.estimate([j.get("final_val_loss") for j in base_jobs])
+    rows = []
+    for key, members in groups.items():
+        e = stats.estimate([j.get("final_val_loss") for j in members])
+        delta = None if e is None or b is None else e.mean - b.mean
+        p = None if is_base(key) else stats.prob_improvement([j.get("final_val_loss") for j in members],
+                                                              [j.get("final_val_loss") for j in base_jobs], False)
+        label = setting_name(keys, key).split("=", 1)[-1] if len(keys) == 1 else setting_name(keys, key)
+        rows.append((e.mean if e else math.inf, [
+            f"**{label}** (baseline)" if is_base(key) else label, str(len(members)),
+            stats.fmt(stats.estimate([j.get("params") for j in members]).mean if members else None),
+            stats.mean_interval(stats.estimate([j.get("tokens_per_s") for j in members])),
+            stats.mean_interval(e), "–" if delta is None or is_base(key) else f"{delta:+.3f}",
+            "–" if p is None else f"{p:.2f}",
+            stats.mean_interval(stats.estimate([_context_loss(j) for j in members]))]))
+    rows.sort(key=lambda r: (r[0], r[1][0]))
+    return {"header": ["modification", "seeds", "params", "tokens/s mean [95% CI]", "final val loss mean [95% CI]",
+                       "Δ vs baseline", "P(better than baseline)", "loss at 4x context mean [95% CI]"],
+            "body": [r for _, r in rows], "pairs": []}
+
+
+def _study_line(study: dict) -> dict:
+    exercise = study.get("exercise")
+    exercises = [str(x) for x in (exercise if isinstance(exercise, list) else [exercise] if exercise else [])]
+    return {"question": study.get("question") or "", "exercises": exercises, "source": study.get("source"),
+            "paper": study.get("paper")}
+
+
+def render_page(meta: dict, jobs: list[dict], figure: str | None) -> str:
+    """A measured page, from the jsonl only."""
+    groups = _groups(meta, jobs)
+    outcome, verdict = judge(meta, jobs)
+    table = _against_baseline(meta, groups) if meta["study"].get("baseline") else _table(meta, groups)
+    failed = [j for j in jobs if j.get("status") != "completed"]
+    hours = meta["train_time_s"] / 3600
+    return ENV.get_template("findings.md.j2").render(
+        meta=meta, study=_study_line(meta["study"]), flag=learning_flag(meta, groups), table=table, verdict=verdict,
+        outcome=OUTCOMES[outcome], figure=figure, failed=failed, settings=len(groups),
+        time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
+        seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [])
+
+
+def sweep_study(name: str) -> dict:
+    """A sweep file's study block, unresolved (interpolations stay text)."""
+    from omegaconf import OmegaConf
+
+    study = OmegaConf.load(SWEEPS / f"{name}.yaml").get("study") or {}
+    return OmegaConf.to_container(study, resolve=False)
+
+
+def render_unmeasured(name: str) -> str:
+    """The page of a sweep with no committed data: its first line says so; no number on it."""
+    study = sweep_study(name)
+    return ENV.get_template("findings_unmeasured.md.j2").render(name=name, study=_study_line(study),
+                                                                verdict=study.get("verdict") or {})
+
+
+# ---------------------------------------------------------------- the figure
+def draw(meta: dict, jobs: list[dict]) -> bytes | None:
+    """The figure that answers the question, from the jsonl: the verdict's metric against length per setting
+    (exact match, or loss for an LM) where the jobs were evaluated at several lengths and the metric is one beyond
+    training, else each setting's mean and 95% interval. Deterministic PNG bytes (no software or date stamp)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = _groups(meta, jobs)
+    if not groups:
+        return None
+    keys, study = _keys(meta), meta["study"]
+    verdict = study.get("verdict") if isinstance(study.get("verdict"), dict) else {}
+    metrics = [m for m in study.get("metrics") or [] if isinstance(m, str)]
+    metric = verdict.get("metric") or (metrics[0] if metrics else "final_val_loss")
+    learn = learned(groups)
+    lengths = sorted({e["length"] for j in jobs for e in j["eval"] if e.get("length") is not None})
+    column = "exact_match" if "exact_match" in metric else "loss" if "loss" in metric else None
+    with plt.rc_context({"svg.hashsalt": "blocklab", "font.size": 9}):
+        if metric.endswith("_out") and column and len(lengths) > 2 and not study.get("baseline"):
+            fig, ax = plt.subplots(figsize=(9, 4.2), dpi=100)
+            for key, members in groups.items():
+                xs, means, lows, highs = [], [], [], []
+                for n in lengths:
+                    values = stats.finite([e.get(column) for j in members for e in j["eval"] if e.get("length") == n])
+                    if values:
+                        xs.append(n), means.append(sum(values) / len(values)), lows.append(min(values)), highs.append(max(values))
+                not_learned = key in learn and not learn[key].learned
+                label = (setting_name(keys, key) or "all runs") + (" (not learned)" if not_learned else "")
+                line, = ax.plot(xs, means, marker="o", markersize=3, linestyle="--" if not_learned else "-", label=label)
+                ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15, linewidth=0)
+            trained = [e["length"] for j in jobs for e in j["eval"] if e.get("in_distribution")]
+            if trained:
+                ax.axvline(max(trained), color="grey", linewidth=0.8, linestyle=":")
+            ax.set_xlabel("length (dotted: longest trained)")
+            ax.set_ylabel(f"{column}, mean over seeds (band: seed range)")
+            ax.legend(fontsize=7, ncol=2)
+        else:
+            estimates = [(setting_name(keys, k) or "all runs", stats.estimate([_metric(j, metric) for j in m]))
+                         for k, m in groups.items()]
+            estimates = [(label, e) for label, e in estimates if e is not None]
+            if not estimates:
+                return None
+            estimates.sort(key=lambda le: le[1].mean, reverse=_direction(metric) is False)
+            fig, ax = plt.subplots(figsize=(9, 1.2 + 0.28 * len(estimates)), dpi=100)
+            ys = range(len(estimates))
+            for y, (label, e) in zip(ys, estimates):
+                if e.has_interval:
+                    ax.plot([e.low, e.high], [y, y], color="C0", linewidth=2, alpha=0.5)
+                ax.plot(e.values, [y] * e.n, "|", color="C0", markersize=7)
+                ax.plot([e.mean], [y], "o", color="C1", markersize=4)
+            ax.set_yticks(list(ys), [label for label, _ in estimates], fontsize=7)
+            ax.set_xlabel(f"{metric}: mean (dot), 95% interval (bar), seeds (ticks)")
+        ax.set_title(meta["sweep"], fontsize=9)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", metadata={"Software": None})
+        plt.close(fig)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- writing and re-rendering
+def write_page(data: Path) -> list[Path]:
+    """The page and figure of one findings file, beside it."""
+    meta, jobs = read_jsonl(data)
+    png = draw(meta, jobs)
+    written = []
+    figure = None
+    if png is not None:
+        (path := data.with_suffix(".png")).write_bytes(png)
+        written.append(path)
+        figure = path.name
+    (page := data.with_suffix(".md")).write_text(render_page(meta, jobs, figure), encoding="utf-8")
+    return [data, page, *written]
+
+
+def sweep_names() -> list[str]:
+    return sorted(p.stem for p in SWEEPS.glob("*.yaml"))
+
+
+def expected(out: Path) -> dict[Path, str]:
+    """Every page's text as its data renders it now: the measured pages (each jsonl), the unmeasured sweeps'
+    pages, and the index."""
+    pages = {}
+    for data in sorted(out.glob("*.jsonl")):
+        meta, jobs = read_jsonl(data)
+        figure = data.with_suffix(".png").name if data.with_suffix(".png").exists() else None
+        pages[data.with_suffix(".md")] = render_page(meta, jobs, figure)
+    for name in sweep_names():
+        if (out / f"{name}.md") not in pages:
+            pages[out / f"{name}.md"] = render_unmeasured(name)
+    pages[out / "README.md"] = render_index(out)
+    return pages
+
+
+def rerender(out: Path, figures: bool = True) -> list[Path]:
+    """Write every page (and figure) again from its data; the paths whose content changed."""
+    changed = []
+    for data in sorted(out.glob("*.jsonl")) if figures else []:
+        meta, jobs = read_jsonl(data)
+        png, path = draw(meta, jobs), data.with_suffix(".png")
+        if png is not None and (not path.exists() or path.read_bytes() != png):
+            path.write_bytes(png)
+            changed.append(path)
+    for path, text in expected(out).items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+def write_index(out: Path) -> Path:
+    (path := out / "README.md").write_text(render_index(out), encoding="utf-8")
+    for name in sweep_names():  # a sweep without its page gets the unmeasured one
+        if not (out / f"{name}.md").exists():
+            (out / f"{name}.md").write_text(render_unmeasured(name), encoding="utf-8")
+    return path
+
+
+def _exercise_key(row: dict):
+    first = row["exercises"][0] if row["exercises"] else "9"
+    return tuple(int(x) if x.isdigit() else 99 for x in re.findall(r"\w+", first)), row["name"]
+
+
+def index_rows(out: Path) -> list[dict]:
+    """One row per page: every sweep file's, and any other measured page (another scale)."""
+    stems = {p.stem for p in out.glob("*.jsonl")} | set(sweep_names())
+    rows = []
+    for stem in sorted(stems):
+        data = out / f"{stem}.jsonl"
+        if data.exists():
+            meta, jobs = read_jsonl(data)
+            outcome, verdict = judge(meta, jobs)
+            study = _study_line(meta["study"])
+            seeds = Counter(len(m) for m in _groups(meta, jobs).values())
+            seeds = "–" if not seeds else str(min(seeds)) if len(seeds) == 1 else f"{min(seeds)}-{max(seeds)}"
+        else:
+            study, outcome, verdict, seeds = _study_line(sweep_study(stem)), "none", "Not measured yet.", "–"
+        rows.append({"name": stem, **study, "answer": verdict, "agrees": OUTCOMES[outcome], "seeds": seeds})
+    return sorted(rows, key=_exercise_key)
+
+
+def render_index(out: Path) -> str:
+    rows = index_rows(out)
+    named = {x for r in rows for x in r["exercises"]}
+    return ENV.get_template("findings_index.md.j2").render(
+        rows=rows, missing=[x for x in EXERCISES if x not in named and x != PROOF], proof=PROOF, proof_test=PROOF_TEST)

@@ -1,0 +1,133 @@
+"""Findings pages (blocklab.report.findings): every committed page is what its data renders, every sweep has one,
+the index names every exercise, untrusted text stays text, and the verdict follows the intervals."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+from blocklab.report import findings, stats
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ROOT / "docs" / "findings"
+
+
+def test_every_committed_page_is_what_its_data_renders():
+    """A page, the index, or an unmeasured sweep's page that differs from its re-rendering fails: no page drifts
+    from its jsonl, and no number on it is typed by hand."""
+    drift = [str(p.relative_to(ROOT)) for p, text in findings.expected(PAGES).items()
+             if not p.exists() or p.read_text(encoding="utf-8") != text]
+    assert not drift, f"re-render with python -m blocklab.report --findings docs/findings --rerender: {drift}"
+
+
+def test_every_figure_is_small_and_is_what_its_data_draws():
+    for data in sorted(PAGES.glob("*.jsonl")):
+        meta, jobs = findings.read_jsonl(data)
+        png = data.with_suffix(".png")
+        drawn = findings.draw(meta, jobs)
+        assert (drawn is None) == (not png.exists()), png
+        if drawn is not None:
+            assert png.stat().st_size <= findings.MAX_PNG_BYTES
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            if meta["matplotlib"] == matplotlib.__version__:  # another version may draw other bytes
+                assert png.read_bytes() == drawn, png
+
+
+def test_every_sweep_has_a_page_and_the_index_every_exercise_but_the_proof():
+    sweeps = {p.stem for p in (ROOT / "sweeps").glob("*.yaml")}
+    assert sweeps and all((PAGES / f"{name}.md").is_file() for name in sweeps)
+    index = (PAGES / "README.md").read_text(encoding="utf-8")
+    for name in sweeps:
+        assert f"]({name}.md)" in index
+    first_column = {m for line in index.splitlines() if line.startswith("| 1.")
+                    for m in re.findall(r"1\.\d+", line.split("|")[1])}
+    assert {f"1.{i}" for i in range(1, 15)} - {"1.6"} <= first_column
+    for name in sweeps - {p.stem for p in PAGES.glob("*.jsonl")}:  # no data: the first line says so
+        first = (PAGES / f"{name}.md").read_text(encoding="utf-8").splitlines()[0]
+        assert first.startswith("Not measured yet at this commit: run `python train.py -m sweep=" + name + "`")
+        assert f"| not measured | – | [{name}]({name}.md) |" in index
+
+
+def test_the_readme_shows_the_index_first_rows_and_links_it():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = [line for line in (PAGES / "README.md").read_text(encoding="utf-8").splitlines() if line.startswith("| 1.")]
+    assert "(docs/findings/README.md)" in readme
+    for row in rows[:3]:
+        assert row.replace("](", "](docs/findings/") in readme
+
+
+def test_untrusted_text_stays_text():
+    assert findings.md("a|b<script>*x*[l](u)`c`") == "a\\|b&lt;script&gt;\\*x\\*\\[l\\](u)\\`c\\`"
+    assert findings.md("pe_copy _x_") == "pe_copy \\_x\\_"  # an intraword _ is not emphasis; a word's edge is
+    assert findings.md("0.512 [0.400, 0.600]") == "0.512 [0.400, 0.600]"
+    assert findings.code("a ``b`` c") == "```a ``b`` c```"
+
+
+def _job(setting: dict, seed: int, value: float, learned: float | None = 1.0) -> dict:
+    return {"job": f"{setting}-{seed}", "setting": setting, "seed": seed, "choices": {}, "status": "completed",
+            "in_distribution_exact_match": learned, "metrics": {"exact_match_out": value}, "eval": []}
+
+
+def _meta(**verdict) -> dict:
+    return {"study": {"compare": ["pos"], "metrics": ["exact_match_out"], "paper": "P",
+                      "verdict": {"metric": "exact_match_out", "better": {"pos": "a"}, "than": {"pos": "b"},
+                                  "claim": "A beats B", "paper_scale": "1B", **verdict}}}
+
+
+@pytest.mark.parametrize("a, b, outcome", [
+    ([0.9, 0.8, 0.85], [0.1, 0.2, 0.15], "yes"),   # intervals apart, the claimed one better
+    ([0.1, 0.2, 0.15], [0.9, 0.8, 0.85], "no"),    # apart the other way
+    ([0.1, 0.9, 0.5], [0.2, 0.8, 0.4], "scale"),   # overlapping
+])
+def test_the_verdict_follows_the_intervals(a, b, outcome):
+    jobs = [_job({"pos": "a"}, s, v) for s, v in enumerate(a)] + [_job({"pos": "b"}, s, v) for s, v in enumerate(b)]
+    got, sentence = findings.judge(_meta(), jobs)
+    assert got == outcome
+    ea, eb = stats.estimate(a), stats.estimate(b)
+    assert stats.mean_interval(ea) in sentence and stats.mean_interval(eb) in sentence  # numbers from the data
+    assert f"P(pos=a better) = {stats.prob_improvement(a, b):.2f}" in sentence
+
+
+def test_a_setting_that_did_not_learn_is_not_judged_beyond_training_and_is_flagged_first():
+    jobs = [_job({"pos": "a"}, s, 0.9, learned=0.4) for s in range(3)] + [_job({"pos": "b"}, s, 0.0) for s in range(3)]
+    outcome, sentence = findings.judge(_meta(), jobs)
+    assert outcome == "scale" and "pos=a did not learn its training lengths" in sentence
+    meta = {**_meta(), "sweep": "x", "jobs": 6, "seeds": [0, 1, 2], "task": ["copy"], "d_model": [64],
+            "n_layers": [2], "n_heads": [4], "steps": [10], "scale": 1, "machines": {}, "train_time_s": 1.0,
+            "commit": None, "commit_recorded": False, "date": "d", "command": "python train.py -m sweep=x",
+            "report": "r"}
+    page = findings.render_page(meta, jobs, None)
+    assert page.index("did not learn in distribution: pos=a") < page.index("**Verdict")
+
+
+@pytest.mark.slow
+def test_a_real_tiny_sweep_end_to_end(tmp_path):
+    """Train a cheap sweep for a few steps, write its findings, and re-render them unchanged."""
+    sweep, out = tmp_path / "sweep", tmp_path / "findings"
+    run = lambda *args: subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,  # noqa: E731
+                                       timeout=600)
+    done = run("train.py", "-m", "sweep=causal_mask", "seed=0,1", "trainer.max_steps=5", "logger=none",
+               "diagnostics=none", f"hydra.sweep.dir={sweep}", "hydra.launcher.n_jobs=1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = run("-m", "blocklab.report", str(sweep), "--findings", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta, jobs = findings.read_jsonl(out / "causal_mask.jsonl")
+    assert len(jobs) == 4 and meta["seeds"] == [0, 1] and meta["steps"] == [5]
+    assert not any("checkpoint" in json.dumps(j) or "train_loss_curve" in j for j in jobs)
+    assert (out / "causal_mask.png").stat().st_size <= findings.MAX_PNG_BYTES
+    page = (out / "causal_mask.md").read_text()
+    assert "sweep=causal_mask attn.causal=False,True seed=0,1 trainer.max_steps=5" in page
+    assert findings.rerender(out) == []
+    done = run("-m", "blocklab.report", "--findings", str(out), "--rerender")
+    assert done.returncode == 0 and "0 file(s) changed" in done.stdout
+
+
+def test_bad_findings_input_is_one_line(tmp_path):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text("{not json\n")
+    done = subprocess.run([sys.executable, "-m", "blocklab.report", "--findings", str(tmp_path), "--rerender"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "x.jsonl" in done.stderr
