@@ -157,3 +157,12 @@ def test_bad_options_are_one_line(options, fields, needle):
     cfg = dataclasses.replace(cfg, attn=dataclasses.replace(cfg.attn, options=options, **fields))
     errors = cfg.errors()
     assert len(errors) == 1 and needle in errors[0], errors
+
+
+def test_the_per_head_score_bound_is_not_claimed_for_a_latent():
+    """The pre-norm bound reads W_Q,h and W_K,h; MLA has no W_K,h (keys come from the latent), so none is given."""
+    from blocklab.analysis.probe import prenorm_score_bounds
+
+    model = mla_model()
+    assert prenorm_score_bounds(model, model.blocks[0]) is None
+    assert prenorm_score_bounds(build_model(tiny_cfg("rope")), build_model(tiny_cfg("rope")).blocks[0]) is not None

@@ -49,6 +49,8 @@ class MultiHeadLatentAttention(Attention):
     W_QR is q_rope_proj, and [W_UK; W_UV] is up_proj. The position scheme rotates q^R and k^R only (a rotation
     of d_h^R dimensions); its logit temperature (YaRN's 1/t) is applied to the content part here."""
 
+    per_head_qk = False  # no W_K per head: bounds read from per-head q/k projections (analysis) do not apply
+
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
                  kv_rank: int | None = None, rope_dim: int | None = None):
         super().__init__(d_model, n_heads, None, scale, qk_norm, dropout, bias)
