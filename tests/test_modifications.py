@@ -18,12 +18,12 @@ def test_the_baseline_is_the_llama_recipe_and_every_group_is_varied(plan):
     assert plan.jobs[0] == "baseline" and len(plan.jobs) >= 25
     modifications.register(modifications.candidates())
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
-        base = compose("config", ["sweep=modifications", "+modification=baseline", "run_dir=x"],
+        base = compose("config", ["sweep=modifications", "modification=baseline", "run_dir=x"],
                        return_hydra_config=True)
-        mqa = compose("config", ["sweep=modifications", "+modification=attn-mqa", "run_dir=x"],
+        mqa = compose("config", ["sweep=modifications", "modification=attn-mqa", "run_dir=x"],
                       return_hydra_config=True)
         # the sweep's params resolve to exactly the plan's jobs
-        assert base.hydra.sweeper.params["+modification"] == ",".join(plan.jobs)
+        assert base.hydra.sweeper.params["modification"] == ",".join(plan.jobs)
     choices = base.hydra.runtime.choices
     assert (choices.norm, choices.pos, choices.act, choices.task) == ("pre_rms", "rope", "swiglu", "lm")
     assert base.model.bias is False and base.norm.placement == "pre" and base.norm.type == "rmsnorm"

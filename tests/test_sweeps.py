@@ -16,6 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+import blocklab.modifications  # noqa: F401 - ${modifications:} in the modifications sweep's params
 from blocklab.report.build import check_plots
 from blocklab.train.run import prepare
 from blocklab.train.job import one_job_at_a_time

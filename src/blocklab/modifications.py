@@ -5,7 +5,8 @@ group. A modification is one option of such a group (conf/<group>/<option>.yaml,
 of `attn`, count), or, for a registry entry no option selects, that entry set on the baseline's option
 (`pos.scaling=yarn`). Each is stored in Hydra's ConfigStore as an option of the group `modification` (package
 _global_: an `override /<group>: <option>` in its defaults list, or the key's value), so each job is composed by
-Hydra like any other: `+modification=attn-mqa`. The sweep file asks for them with `${modifications:}`, which
+Hydra like any other: `modification=attn-mqa` (the sweep file's defaults pick `baseline`, registered on
+import so the file composes before the rest are). The sweep file asks for them with `${modifications:}`, which
 registers them and returns the names that apply to a decoder LM; the rest are `plan().left_out`, each with the
 first line config_errors gives for it. An entry registered later joins the sweep without an edit."""
 from dataclasses import dataclass, field
@@ -84,12 +85,22 @@ def candidates() -> dict[str, dict]:
     return nodes
 
 
+def recipe() -> dict[str, str]:
+    """The baseline's group options (the sweep file's study.recipe): every node picks them, but the one it changes,
+    since an option a node picks cannot override one the sweep file picks after it."""
+    study = OmegaConf.load(CONF_DIR / "sweep" / "modifications.yaml").study
+    return dict(OmegaConf.to_container(study.recipe))
+
+
 def register(nodes: dict[str, dict]) -> None:
     from hydra.core.config_store import ConfigStore
 
-    store = ConfigStore.instance()
+    store, base = ConfigStore.instance(), recipe()
     for name, node in nodes.items():
-        store.store(group=GROUP, name=name, node=node, package="_global_")
+        changed = {next(iter(d))[len("override /"):] for d in node.get("defaults", [])}
+        kept = [{f"override /{group}": option} for group, option in base.items() if group not in changed]
+        store.store(group=GROUP, name=name, node={**node, "defaults": kept + node.get("defaults", [])},
+                    package="_global_")
 
 
 def plan() -> Plan:
@@ -101,7 +112,7 @@ def plan() -> Plan:
     register(nodes)
     out = Plan()
     for name in nodes:
-        config = OmegaConf.to_container(_compose([*SWEEP, f"+{GROUP}={name}"]), resolve=True)
+        config = OmegaConf.to_container(_compose([*SWEEP, f"{GROUP}={name}"]), resolve=True)
         errors = config_errors(config)
         if not errors and not config["attn"]["causal"]:
             errors = [f"{name} sets attn.causal=false: a decoder LM would see the token it is asked to predict"]
@@ -122,4 +133,20 @@ def _resolve() -> str:
     return _names()
 
 
+# Groups that configure the run, not the model: never a modification.
+NOT_MODEL = ("task", "optim", "trainer", "logger", "diagnostics", "method", "experiment", "sweep", "model")
+
+
+def _cheap_nodes() -> dict[str, dict]:
+    """The baseline and one node per option of each model group, from the folder listing alone (no torch, no
+    compose), so a command that names modifications (modification=attn-mqa,ffn-moe) passes the command line's
+    check of group options before ${modifications:} registers the rest (registry entries no option selects)."""
+    nodes = {BASELINE: {}}
+    for folder in sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in NOT_MODEL):
+        for option in _options(folder.name):
+            nodes[f"{folder.name}-{option}"] = {"defaults": [{f"override /{folder.name}": option}]}
+    return nodes
+
+
 OmegaConf.register_new_resolver("modifications", _resolve, replace=True)
+register(_cheap_nodes())

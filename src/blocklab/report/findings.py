@@ -89,7 +89,9 @@ def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) ->
     """One job's line: its setting (the study's compare keys), seed, what it varied, and the fields a page uses."""
     from blocklab.report.build import _value
 
-    record = {"job": Path(row["run"]).name, "setting": {k: _plain(row.get(k)) for k in keys},
+    swept = row.get("overrides") or {}  # a key the sweep adds (+modification=...) is named without its +
+    record = {"job": Path(row["run"]).name,
+              "setting": {k: _plain(row[k] if k in row else swept.get(f"+{k}")) for k in keys},
               "seed": _plain(row.get("seed")), "choices": {k: _plain(v) for k, v in results.get("choices", {}).items()},
               "overrides": swept_overrides(results.get("overrides", []))}
     record.update({f: _plain(results.get(f)) for f in JOB_FIELDS})
