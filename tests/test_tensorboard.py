@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import metadata
 
 from blocklab.errors import ConfigError
+from blocklab.experiment import run_config
 from blocklab.results import read_results
 from blocklab.train.hparams import result_metrics
 from blocklab.train.loggers import check_loggers, logger_configs, sweep_end
@@ -160,12 +161,15 @@ def test_with_wandb_a_sweep_ends_with_one_comparison_table_of_all_jobs(sweep, tm
 
 
 def test_several_loggers_are_one_option_that_lists_them():
-    both = logger_configs(compose_config(["logger=wandb_tensorboard", "logger.wandb.mode=online"]).logger)
-    assert {key: cfg._target_.rsplit(".", 1)[1] for key, cfg in both.items()} == {
+    def logger_group(overrides):  # the resolved `logger` group, as a run has it (RunConfig)
+        return run_config(compose_config(overrides))["logger"]
+
+    both = logger_configs(logger_group(["logger=wandb_tensorboard", "logger.wandb.mode=online"]))
+    assert {key: cfg["_target_"].rsplit(".", 1)[1] for key, cfg in both.items()} == {
         "logger.wandb": "WandbLogger", "logger.tensorboard": "TensorBoardLogger"}
-    assert both["logger.wandb"].mode == "online"
-    check_loggers(compose_config(["logger=wandb_tensorboard"]).logger)
-    assert logger_configs(compose_config(["logger=none"]).logger) == {}
+    assert both["logger.wandb"]["mode"] == "online"
+    check_loggers(logger_group(["logger=wandb_tensorboard"]))
+    assert logger_configs(logger_group(["logger=none"])) == {}
     with pytest.raises(ConfigError, match=r"^logger.mode, logger.project not taken by .*TensorBoardLogger; .*"
                                           r"logger=wandb_tensorboard"):
-        check_loggers(compose_config(["logger=[wandb,tensorboard]"]).logger)
+        check_loggers(logger_group(["logger=[wandb,tensorboard]"]))

@@ -272,7 +272,7 @@ def test_a_run_dir_gives_back_the_setup_it_trained_and_generation_uses_it(run_di
     run_in_process(FAST, run_dir)
     trained = Setup.from_config(compose_config(FAST, run_dir))
     saved = Setup.from_run_dir(run_dir, with_task=True)
-    assert saved.model_cfg == trained.model_cfg and saved.groups == trained.groups
+    assert saved.model_cfg == trained.model_cfg and saved.config == trained.config
     assert saved.task.name == "copy" and Setup.from_run_dir(run_dir).task is None  # generation reads no data
 
     def generate(*args):

@@ -38,7 +38,7 @@ def analyze_init(overrides: list[str], out: Path) -> list[Path]:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, f"run_dir={out}"])
     setup = Setup.from_config(cfg)
-    torch.manual_seed(setup.groups["seed"])
+    torch.manual_seed(setup.config["seed"])
     model = build_model(setup.model_cfg)
     return _write(model, setup, out, "init", {"overrides": overrides})
 
@@ -108,7 +108,7 @@ def _write(model, setup, out: Path, tag: str, about: dict) -> list[Path]:
     from blocklab.analysis.probe import measure
     from blocklab.train.diagnostics import write_measurement
 
-    diag = setup.groups["diagnostics"]
+    diag = setup.config["diagnostics"]
     probe = setup.task.probe_batch(diag.get("probe_examples", 16))
     stats = measure(model, probe, diag.get("sparsity_eps", 1e-3), keep_weights=True)
     stats = write_measurement(stats, out / "diagnostics", tag, maps=True)

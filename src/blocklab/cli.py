@@ -3,6 +3,7 @@ checkout). The config ships inside the package (blocklab/conf), so an installed 
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -12,19 +13,25 @@ from blocklab.errors import ConfigError, exit_on
 from blocklab.paths import CONF_DIR
 from blocklab.startup import uncollected_imports
 
+if TYPE_CHECKING:
+    from blocklab.overrides import CommandLine
 
-def main() -> None:
-    """The command line. Its overrides and a single run's values (the schema) are checked first, before torch
-    is imported: a misspelled key, an unknown option or a value out of range is one line and exit 2, before
-    Hydra creates a run directory. HYDRA_FULL_ERROR=1 shows Hydra's own message instead."""
-    from blocklab.overrides import command_line_error, is_multirun
 
+def main() -> "CommandLine":
+    """The command line, read once (Hydra's parser) and composed once before Hydra runs. Its overrides and a single
+    run's values (the schema) are checked first, before torch is imported: a misspelled key, an unknown option or
+    a value out of range is one line and exit 2, before Hydra creates a run directory. Then a single run's setup
+    is built and validated (it imports torch), and the run trains with that one. HYDRA_FULL_ERROR=1 shows Hydra's
+    own message instead."""
+    from blocklab.overrides import CommandLine
+
+    command = CommandLine.read(sys.argv[1:])
     with uncollected_imports("torch"):  # the checks import torch
         if os.environ.get("HYDRA_FULL_ERROR") != "1":
-            exit_on(command_line_error(sys.argv[1:]))
-            _check_single_run(sys.argv[1:])
-        if is_multirun(sys.argv[1:]):
-            _check_every_job(sys.argv[1:])
+            exit_on(command.check())
+            _check_single_run(command.config)
+        if command.multirun:
+            _check_every_job(command.overrides)
     from blocklab.train.job import INTERRUPTED
 
     try:
@@ -35,6 +42,7 @@ def main() -> None:
     if INTERRUPTED["received"]:  # jobs side by side, each running one saved its checkpoint (JobsInterrupt)
         print("sweep interrupted: run the same command again to resume it", file=sys.stderr)
         raise SystemExit(143)
+    return command
 
 
 def run_and_exit() -> None:
@@ -44,10 +52,8 @@ def run_and_exit() -> None:
     joined, the exit handlers run (logging's flush, W&B's teardown), stdout and stderr are flushed. A failure, a
     sweep (whose launcher ends its own workers), and a run under a tracer or profiler (coverage, cProfile, pdb,
     which write their output after the script) exit the usual way."""
-    from blocklab.overrides import is_multirun
-
-    main()
-    if is_multirun(sys.argv[1:]) or "torch" not in sys.modules or sys.gettrace() or sys.getprofile():
+    command = main()
+    if command.multirun or "torch" not in sys.modules or sys.gettrace() or sys.getprofile():
         return
     import atexit
     import threading
@@ -61,33 +67,31 @@ def run_and_exit() -> None:
     os._exit(0)
 
 
-def _check_single_run(argv: list[str]) -> None:
+def _check_single_run(config: dict | None) -> None:
     """The checks that need a component's own code (the registries, the task), once torch is imported but
-    before Lightning is, or Hydra makes a run directory. The task built here is the one the run uses."""
-    from blocklab.overrides import single_run_config
-
-    config = single_run_config(argv)
+    before Lightning is, or Hydra makes a run directory. The Setup built here (its task, its model config) is
+    the one the run trains: Setup.from_config hands it back for the config Hydra composes (run_dir aside)."""
     if config is not None:
-        from blocklab.experiment import config_errors
+        from blocklab.experiment import Setup
 
-        exit_on("\n".join(config_errors(config)) or None)
+        try:
+            Setup.from_config(config)
+        except ConfigError as err:
+            exit_on(str(err))
 
 
-def _check_every_job(argv: list[str]) -> None:
+def _check_every_job(overrides: list[str]) -> None:
     """A multirun validates every job before the first starts (it imports torch: sweeps only), and tells the
     jobs how many there are (train.job.cores_per_job)."""
-    from blocklab.overrides import command_line_overrides
     from blocklab.train.job import SWEEP_JOBS_ENV
     from blocklab.train.sweep import check_sweep_jobs
 
     from omegaconf.errors import InterpolationResolutionError
 
     try:
-        os.environ[SWEEP_JOBS_ENV] = str(check_sweep_jobs(command_line_overrides(argv)))
+        os.environ[SWEEP_JOBS_ENV] = str(check_sweep_jobs(overrides))
     except ConfigError as err:
-        for line in str(err).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_on(str(err))
     except InterpolationResolutionError as err:  # a swept value a ${...} cannot use (study.scale=abc)
         from blocklab.overrides import interpolation_error
 

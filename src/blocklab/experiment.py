@@ -1,5 +1,5 @@
 """One experiment's setup, built the same way for training, analysis and generation: its resolved
-config groups, the task and model config they describe, and its run directory."""
+config (RunConfig), the task and model config they describe, and its run directory."""
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -29,24 +29,43 @@ def is_seq2seq(arch: str) -> bool:
     return ARCHITECTURES[arch].is_encoder_decoder
 
 
-def config_errors(groups: dict) -> list[str]:
+# A run's config once Hydra composed it: resolved to plain values, one dict per group (model, pos, task...) beside
+# the top-level keys (seed, run_dir...). The one form a run's config takes after Hydra; Setup.config holds it.
+RunConfig = dict
+
+
+def run_config(cfg: RunConfig | DictConfig) -> RunConfig:
+    """A config Hydra (or its compose API) made, resolved to the one form that travels; a RunConfig as it is."""
+    return cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+
+
+def config_errors(config: RunConfig) -> list[str]:
     """Every problem Setup.from_config would find in a resolved config, without reading a task's data
     twice: the schema's, then the task's and the registries' (position scheme, attention kind...)."""
     try:
-        errors = schema_errors(groups)
-        if errors:
-            return errors
-        seq2seq, placement = is_seq2seq(groups["model"]["arch"]), Placement.from_pos(groups["pos"])
-        encoder_only = ARCHITECTURES[groups["model"]["arch"]].is_encoder_only
-        errors = _task_errors(_frozen(groups["task"]), seq2seq, placement, encoder_only)
-        if errors:
-            return errors
-        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq, placement)
-        model_cfg = _model_config(groups, task, placement)
-        # The model's own checks, then those between it and the task's training batch (BatchNorm's statistics).
-        return model_cfg.errors() or model_cfg.norm.batch_errors(task.batch_size)
+        _validated(config)
     except ConfigError as err:
         return str(err).splitlines()
+    return []
+
+
+def _validated(config: RunConfig) -> "Setup":
+    """The Setup of a resolved config, or ConfigError with every problem (one per line)."""
+    errors = schema_errors(config)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    seq2seq, placement = is_seq2seq(config["model"]["arch"]), Placement.from_pos(config["pos"])
+    encoder_only = ARCHITECTURES[config["model"]["arch"]].is_encoder_only
+    errors = _task_errors(_frozen(config["task"]), seq2seq, placement, encoder_only)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    task = _task(_frozen(config["task"]), config["seed"], seq2seq, placement)
+    model_cfg = _model_config(config, task, placement)
+    # The model's own checks, then those between it and the task's training batch (BatchNorm's statistics).
+    errors = model_cfg.errors() or model_cfg.norm.batch_errors(task.batch_size)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return Setup(config, model_cfg, Path(config["run_dir"]), task)
 
 
 def _frozen(task: dict) -> str:
@@ -65,9 +84,9 @@ def _task(task: str, seed: int, seq2seq: bool, placement: Placement) -> Task:
     return build_task(json.loads(task), seed, seq2seq, placement)
 
 
-def _model_config(groups: dict, task: Task, placement: Placement) -> ModelConfig:
+def _model_config(config: RunConfig, task: Task, placement: Placement) -> ModelConfig:
     """The model config for a task: its vocabulary, and room for every position id it can be shown."""
-    model_cfg = ModelConfig.from_groups(groups, vocab_size=task.vocab_size,
+    model_cfg = ModelConfig.from_groups(config, vocab_size=task.vocab_size,
                                         max_len=placement.max_position(task.max_seq_len), segments=task.segments)
     if "original_context" in model_cfg.pos.options and model_cfg.pos.options["original_context"] is None:
         model_cfg.pos.options["original_context"] = trained_context(task)  # null: derived (YaRN's L)
@@ -88,7 +107,7 @@ RUN_GROUPS = ("model", "pos", "task")
 
 @dataclass
 class Setup:
-    groups: dict  # the resolved config, a plain dict per group
+    config: RunConfig
     model_cfg: ModelConfig
     run_dir: Path
     task: Task | None = None  # None when read back for generation, which needs no data
@@ -96,16 +115,16 @@ class Setup:
     checkpoint: dict | None = field(default=None, repr=False)  # a finished run's, read back (generate, analyze)
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> "Setup":
-        """Validated task and model config; every problem is a ConfigError. The schema's checks come first
-        (the command line ran them before torch was imported); then the registries' and the task's."""
-        groups = OmegaConf.to_container(cfg, resolve=True)
-        errors = config_errors(groups)
-        if errors:
-            raise ConfigError("\n".join(errors))
-        seq2seq, placement = is_seq2seq(groups["model"]["arch"]), Placement.from_pos(groups["pos"])
-        task = _task(_frozen(groups["task"]), groups["seed"], seq2seq, placement)  # built once: config_errors made it
-        return cls(groups, _model_config(groups, task, placement), Path(groups["run_dir"]), task)
+    def from_config(cls, cfg: RunConfig | DictConfig) -> "Setup":
+        """Validated task and model config; every problem is a ConfigError (the schema's first, then the
+        registries' and the task's). The command line validates a single run before Hydra runs: the Setup it
+        built is handed back for the config Hydra composes when that resolves to the same values (run_dir,
+        which Hydra fills, aside), so a run is validated once; any other config is validated here."""
+        config = run_config(cfg)
+        key = _content(config)
+        if _LAST_VALIDATED.get("key") != key:
+            _LAST_VALIDATED.update(key=key, setup=_validated(config))
+        return dataclasses.replace(_LAST_VALIDATED["setup"], config=config, run_dir=Path(config["run_dir"]))
 
     @classmethod
     def from_run_dir(cls, run_dir: Path, with_task: bool = False) -> "Setup":
@@ -118,8 +137,8 @@ class Setup:
         state = load_checkpoint(run_dir / CHECKPOINT, fix)  # checksummed: it vouches for the files read below
         check_run_files(run_dir, state, fix)
         try:
-            groups = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
-            if not isinstance(groups, dict) or not all(isinstance(groups.get(g), dict) for g in RUN_GROUPS):
+            config = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
+            if not isinstance(config, dict) or not all(isinstance(config.get(g), dict) for g in RUN_GROUPS):
                 raise ValueError(f"not a config with the groups {', '.join(RUN_GROUPS)}")
         except Exception as err:  # truncated or flipped YAML, or a config that lost a group
             raise ConfigError(damaged(run_dir / SAVED_CONFIG, err)) from None
@@ -127,17 +146,17 @@ class Setup:
             model_cfg = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text()))
         except Exception as err:  # not JSON, or not a model config BlockLab wrote
             raise ConfigError(damaged(run_dir / MODEL_FILE, err)) from None
-        task = build_task(groups["task"], groups["seed"], is_seq2seq(groups["model"]["arch"]),
-                          Placement.from_pos(groups["pos"])) if with_task else None
-        return cls(groups, model_cfg, run_dir, task, checkpoint=state)
+        task = build_task(config["task"], config["seed"], is_seq2seq(config["model"]["arch"]),
+                          Placement.from_pos(config["pos"])) if with_task else None
+        return cls(config, model_cfg, run_dir, task, checkpoint=state)
 
-    def save(self, cfg: DictConfig) -> None:
+    def save(self) -> None:
         """The resolved config, plus what `from_run_dir` needs to rebuild the model without the data."""
         (self.run_dir / MODEL_FILE).write_text(json.dumps(dataclasses.asdict(self.model_cfg), indent=2) + "\n")
         self.task.tokenizer().save(str(self.run_dir / TOKENIZER_FILE))
         config_dir = self.run_dir / SAVED_CONFIG.parent
         config_dir.mkdir(exist_ok=True)
-        OmegaConf.save(cfg, self.run_dir / SAVED_CONFIG, resolve=True)
+        OmegaConf.save(OmegaConf.create(self.config), self.run_dir / SAVED_CONFIG)
         if HydraConfig.initialized():
             hydra_cfg = HydraConfig.get()
             OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), config_dir / "overrides.yaml")
@@ -160,6 +179,15 @@ class Setup:
             return Tokenizer.from_file(str(self.run_dir / TOKENIZER_FILE))
         except Exception as err:  # the tokenizers library raises its own exception type for a bad file
             raise ConfigError(damaged(self.run_dir / TOKENIZER_FILE, err)) from None
+
+
+# The Setup validated last, by its config's content (_content): what the command line built, for its run.
+_LAST_VALIDATED: dict = {}
+
+
+def _content(config: RunConfig) -> str:
+    """A config's values but run_dir, exactly (1, 1.0 and true differ), as a key."""
+    return json.dumps({k: v for k, v in config.items() if k != "run_dir"}, sort_keys=True, default=repr)
 
 
 def damaged(path: Path, err: Exception) -> str:

@@ -61,7 +61,7 @@ def _continue(args) -> str:
         raise ConfigError(f"{args.run_dir} trained model.arch={setup.model_cfg.arch}, which fills in masked "
                           "tokens and does not continue a prompt; generate from a run with model.arch=decoder or "
                           "encoder_decoder")
-    placement_error = derived_positions_error(Placement.from_pos(setup.groups["pos"]))
+    placement_error = derived_positions_error(Placement.from_pos(setup.config["pos"]))
     if placement_error:
         raise ConfigError(f"{args.run_dir} {placement_error}")
     tokenizer = setup.saved_tokenizer()

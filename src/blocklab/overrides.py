@@ -3,11 +3,14 @@ malformed override is answered with one line that names the fix, instead of Hydr
 lines (the config search path among them, and "use +key" for a misspelled key, which is the wrong fix).
 Hydra's compose API is all it needs: no torch, no run directory. HYDRA_FULL_ERROR=1 skips the check.
 Also here: a multirun's jobs as Hydra's basic sweeper expands them, and the folder name Hydra gives each."""
+import argparse
 import contextlib
 import copy
 import difflib
 import io
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
@@ -24,6 +27,8 @@ from blocklab.paths import CONF_DIR
 from blocklab.schema import schema_errors
 
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+# run_dir names Hydra's output dir, which only a run has: a config composed before Hydra runs has none.
+RUN_DIR_UNUSED = "run_dir=unused"
 
 
 class OverrideError(ValueError):
@@ -34,53 +39,89 @@ class OverrideError(ValueError):
         self.key = key  # the config key it is about, where there is one
 
 
+@dataclass
+class CommandLine:
+    """A command line as Hydra reads it, read once (cli.main) and passed down. `args` is Hydra's own reading (its
+    argument parser has no public home); None where Hydra would refuse the flags: it answers that itself.
+    `config`: the single run's resolved config (no `hydra` key), once `check` composed it; None for a multirun,
+    --cfg, help, or a primary config other than ours."""
+    args: argparse.Namespace | None
+    config: dict | None = None
+
+    @classmethod
+    def read(cls, argv: list[str]) -> "CommandLine":
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                return cls(get_args_parser().parse_args(argv))
+            except SystemExit:
+                return cls(None)
+
+    @property
+    def multirun(self) -> bool:
+        return self.args is not None and bool(self.args.multirun)
+
+    @property
+    def overrides(self) -> list[str]:
+        return [] if self.args is None else list(self.args.overrides)
+
+    def ours(self) -> bool:
+        """Whether BlockLab reads this command: not help, shell completion, a rerun, or another primary config."""
+        args = self.args
+        return args is not None and not (args.help or args.hydra_help or args.shell_completion
+                                         or args.experimental_rerun or args.config_path or args.config_name
+                                         or args.config_dir)
+
+    def check(self) -> str | None:
+        """The one-line error for overrides that do not compose, or a single run's values out of the schema, or
+        None: Hydra takes it from there. A single run's config is composed once, here, and kept (`config`)."""
+        if not self.ours():
+            return None
+        args, single = self.args, not self.args.multirun and not self.args.cfg
+        try:
+            cfg = check_overrides(args.overrides, multirun=args.multirun, single=single) if args.overrides else None
+            command_problem(args)
+            if not single:  # a multirun checks every job (after importing torch); --cfg prints the config
+                errors = [] if args.cfg or not args.overrides else [output_dir_error(args.overrides, multirun=True)]
+            else:
+                if cfg is None:  # no overrides: the config as shipped
+                    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+                        cfg = _compose([RUN_DIR_UNUSED])
+                folder = OmegaConf.select(cfg, "hydra.run.dir")
+                with open_dict(cfg):
+                    del cfg["hydra"]
+                config = OmegaConf.to_container(cfg, resolve=True)
+                errors = schema_errors(config) or list(filter(None, [_folder_error("hydra.run.dir", Path(folder))]))
+                if not errors:
+                    self.config = config
+        except OverrideError as err:
+            return str(err)
+        except (HydraException, OmegaConfBaseException, ValueError) as err:
+            if isinstance(err, InterpolationResolutionError):
+                return interpolation_error(err)
+            return None  # a failure this check has no line for: Hydra's own answer, as before
+        return "\n".join(filter(None, errors)) or None
+
+
 def command_line_error(argv: list[str]) -> str | None:
-    """The one-line error for a command line whose overrides do not compose, or None: Hydra takes it from there."""
-    args = _hydra_args(argv)
-    if args is None or not args.overrides or args.help or args.hydra_help or args.shell_completion \
-            or args.experimental_rerun or args.config_path or args.config_name or args.config_dir:
-        return None  # Hydra's own answer: help, a bad flag, or a primary config other than ours
-    try:
-        check_overrides(args.overrides, multirun=args.multirun)
-        command_problem(args)
-        # A single run's values are checked here too (a sweep checks every job, after importing torch).
-        config = single_run_config(argv)
-        errors = [] if config is None else schema_errors(config)
-        if not errors and not args.cfg:  # the folder Hydra makes before BlockLab's code runs
-            errors = list(filter(None, [output_dir_error(args.overrides, args.multirun)]))
-    except OverrideError as err:
-        return str(err)
-    except (HydraException, OmegaConfBaseException, ValueError) as err:
-        if isinstance(err, InterpolationResolutionError):
-            return interpolation_error(err)
-        return None  # a failure this check has no line for: Hydra's own answer, as before
-    return "\n".join(errors) or None
-
-
-def single_run_config(argv: list[str]) -> dict | None:
-    """The config a command line would train, or None where it trains none here: a multirun (every job is
-    checked by the sweep), --cfg (prints the config), help, or a primary config other than ours."""
-    args = _hydra_args(argv)
-    if args is None or args.multirun or args.cfg or args.help or args.hydra_help or args.shell_completion \
-            or args.experimental_rerun or args.config_path or args.config_name or args.config_dir:
-        return None
-    return job_config(args.overrides)
+    """The one-line error for a command line whose overrides do not compose, or None (CommandLine.check)."""
+    return CommandLine.read(argv).check()
 
 
 def job_config(overrides: list[str]) -> dict:
     """One job's resolved config as plain dicts, without Hydra's own keys: what the schema checks."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         cfg = _compose([o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-                       + ["run_dir=unused"])  # run_dir names Hydra's output dir, which only a run has
+                       + [RUN_DIR_UNUSED])
     with open_dict(cfg):
         del cfg["hydra"]
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def check_overrides(overrides: list[str], multirun: bool) -> None:
+def check_overrides(overrides: list[str], multirun: bool, single: bool = False) -> DictConfig | None:
     """Raise OverrideError for the first override that Hydra would refuse to compose. In a multirun, every
     swept option of a group must exist, and one job (the first value of each sweep) is composed: an error
-    there that another swept option could avoid is left to the sweep's own check of every job."""
+    there that another swept option could avoid is left to the sweep's own check of every job. `single`: a
+    single run's, whose composed config (Hydra's keys included, run_dir unresolved) is returned."""
     parsed = _parse(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         loader = _loader_with_search_path(parsed)
@@ -98,15 +139,20 @@ def check_overrides(overrides: list[str], multirun: bool) -> None:
                     swept_sections.add(_section(loader, group, swept[0]))
             first_job.append((override, override.input_line if swept is None
                               else f"{override.get_key_element()}={swept[0]}"))
+        extra = [RUN_DIR_UNUSED] if single else []
+        adds_or_deletes = [override for override, _ in first_job if _adds_or_deletes_a_key(override)]
         try:
             # Hydra creates a missing parent for `+a.b=1` and names no close key for `~a.b`: checked here instead
-            cfg = _compose([text for override, text in first_job if not _adds_or_deletes_a_key(override)])
-            for override, _ in first_job:
-                if _adds_or_deletes_a_key(override):
-                    _check_added_or_deleted(cfg, override)
+            cfg = _compose([text for override, text in first_job if override not in adds_or_deletes] + extra)
+            for override in adds_or_deletes:
+                _check_added_or_deleted(cfg, override)
         except OverrideError as err:
             if err.key is None or not swept_sections & {"", err.key.split(".")[0]}:
                 raise
+            return None
+        if single and adds_or_deletes:  # the job itself, with the keys they add or delete
+            cfg = _compose([text for _, text in first_job] + extra)
+        return cfg if single else None
 
 
 def _section(loader: ConfigLoaderImpl, group: str, option: str) -> str:
@@ -114,15 +160,6 @@ def _section(loader: ConfigLoaderImpl, group: str, option: str) -> str:
     header = loader.repository.load_config(f"{group}/{option}").header
     package = header.get("package") or group.replace("/", ".")
     return "" if package == "_global_" else package.split(".")[0]
-
-
-def _hydra_args(argv: list[str]):
-    """Hydra's own reading of the command line (None where it would refuse the flags: it answers that itself)."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        try:
-            return get_args_parser().parse_args(argv)
-        except SystemExit:
-            return None
 
 
 def _parse(overrides: list[str]) -> list[Override]:
@@ -279,16 +316,6 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
         return [list(job) for batch in BasicSweeper.split_arguments(swept, max_batch_size=None) for job in batch]
 
 
-def is_multirun(argv: list[str]) -> bool:
-    args = _hydra_args(argv)
-    return args is not None and bool(args.multirun)
-
-
-def command_line_overrides(argv: list[str]) -> list[str]:
-    args = _hydra_args(argv)
-    return [] if args is None else list(args.overrides)
-
-
 # --- whole-command checks: what no single override shows ------------------------------------------------------
 
 def command_problem(args) -> None:
@@ -323,19 +350,20 @@ def _program() -> str:
 def output_dir_error(overrides: list[str], multirun: bool) -> str | None:
     """The one line for a run (or sweep) folder Hydra could not create: Hydra makes it before any of BlockLab's
     code runs, and its failure is a traceback. None where the folder exists or its parent can take it."""
-    import os
-    from pathlib import Path
-
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         try:
-            cfg = _compose([o.input_line for o in _parse(overrides) if not o.is_sweep_override()] + ["run_dir=unused"])
+            cfg = _compose([o.input_line for o in _parse(overrides) if not o.is_sweep_override()] + [RUN_DIR_UNUSED])
         except OverrideError:  # a key only a swept option has (-m pos=rope,learned pos.max_len=64): the jobs' check
             return None
         for group in cfg:  # a value the folder's name reads (study.scale) is named for itself, not as the folder
             if group != "hydra" and isinstance(cfg[group], DictConfig):
                 OmegaConf.to_container(cfg[group], resolve=True)
-        folder = Path(OmegaConf.select(cfg, key))
+        return _folder_error(key, Path(OmegaConf.select(cfg, key)))
+
+
+def _folder_error(key: str, folder: Path) -> str | None:
+    """output_dir_error's line for `folder`, the value of `key` (hydra.run.dir or hydra.sweep.dir)."""
     existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
     if existing == folder and folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
         return None

@@ -256,7 +256,7 @@ def default_copy_step(size: str):
         overrides += ["model.d_model=32", "model.n_layers=1", "task.batch_size=8", "task.max_len=8"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         setup = Setup.from_config(compose(config_name="config", overrides=overrides))
-    optim, trainer = setup.groups["optim"], setup.groups["trainer"]
+    optim, trainer = setup.config["optim"], setup.config["trainer"]
     lit = LitTransformer(setup.model_cfg, optim)
     opt = build_optimizer(lit.model, optim)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(

@@ -17,7 +17,7 @@ def continued_setup(setup: Setup) -> Setup:
     anything is written: a finished, intact source run (its checkpoint verified),
     not this run's own folder, and a model of the same shapes. pos.original_context left null (YaRN's L) is the
     context the source trained at, not this task's."""
-    source = setup.groups["trainer"].get("resume_from")
+    source = setup.config["trainer"].get("resume_from")
     if source is None:
         return setup
     source_dir = Path(source)
@@ -29,7 +29,7 @@ def continued_setup(setup: Setup) -> Setup:
     except ConfigError as err:
         raise ConfigError(f"trainer.resume_from={source}: {err}") from None
     model_cfg = setup.model_cfg
-    if model_cfg.pos.options.get("original_context") is not None and setup.groups["pos"].get("original_context") is None:
+    if model_cfg.pos.options.get("original_context") is not None and setup.config["pos"].get("original_context") is None:
         context = origin.model_cfg.pos.options.get("original_context")
         if context is None:  # a source run from before pos.scaling: the context its task trained at
             context = trained_context(Setup.from_run_dir(source_dir, with_task=True).task)
@@ -55,6 +55,6 @@ def model_weights(checkpoint: dict) -> dict:
 def load_source_weights(model: torch.nn.Module, setup: Setup) -> None:
     """trainer.resume_from's final weights into a freshly built model (shapes checked by continued_setup); nothing
     without it. Read through load_checkpoint (weights only, checksums verified), never a pickle."""
-    source = setup.groups["trainer"].get("resume_from")
+    source = setup.config["trainer"].get("resume_from")
     if source is not None:
         model.load_state_dict(model_weights(Setup.from_run_dir(Path(source)).checkpoint))

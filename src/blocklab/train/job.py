@@ -73,9 +73,9 @@ def job_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
 
 
-def sweep_tags_and_group(groups: dict) -> dict:
+def sweep_tags_and_group(config: dict) -> dict:
     """W&B grouping for sweep jobs: group = study name + launch, tags = the swept overrides."""
-    study = groups.get("study")
+    study = config.get("study")
     if not study or not in_sweep():
         return {}
     hydra_cfg = HydraConfig.get()

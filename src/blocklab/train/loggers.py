@@ -18,31 +18,33 @@ from blocklab.train.hparams import (RESULTS_PREFIX, experiment_summary, job_hpar
 WANDB_HOST = ("api.wandb.ai", 443)
 
 
-def logger_configs(logger_cfg: DictConfig) -> dict[str, DictConfig]:
-    """Each configured logger by the key that sets it (`logger`, or `logger.wandb` among several)."""
+def logger_configs(logger_cfg: dict) -> dict[str, dict]:
+    """Each configured logger by the key that sets it (`logger`, or `logger.wandb` among several), from the
+    resolved `logger` group."""
     if "_target_" in logger_cfg:
-        return {"logger": logger_cfg} if logger_cfg._target_ is not None else {}
+        return {"logger": logger_cfg} if logger_cfg["_target_"] is not None else {}
     return {f"logger.{name}": cfg for name, cfg in logger_cfg.items()
-            if not isinstance(cfg, DictConfig) or cfg.get("_target_") is not None}
+            if not isinstance(cfg, dict) or cfg.get("_target_") is not None}
 
 
-def check_loggers(logger_cfg: DictConfig) -> None:
+def check_loggers(logger_cfg: dict) -> None:
     """ConfigError, before any work, for a key its logger class does not take: `logger=[wandb,tensorboard]`
     merges two options into one logger, where several loggers are one option that lists them."""
     for key, cfg in logger_configs(logger_cfg).items():
-        if not isinstance(cfg, DictConfig) or "_target_" not in cfg:
+        if not isinstance(cfg, dict) or "_target_" not in cfg:
             raise ConfigError(f"{key} must be one logger's config, with _target_ (as in conf/logger/wandb.yaml)")
-        if cfg._target_ not in LOGGER_KINDS:
-            raise ConfigError(LOGGER_KINDS.unknown(cfg._target_))
-        unknown = sorted(set(cfg) - {"_target_"} - LOGGER_KINDS[cfg._target_].options(cfg._target_))
+        target = cfg["_target_"]
+        if target not in LOGGER_KINDS:
+            raise ConfigError(LOGGER_KINDS.unknown(target))
+        unknown = sorted(set(cfg) - {"_target_"} - LOGGER_KINDS[target].options(target))
         if unknown:
-            raise ConfigError(f"{', '.join(f'{key}.{k}' for k in unknown)} not taken by {cfg._target_}; for several "
+            raise ConfigError(f"{', '.join(f'{key}.{k}' for k in unknown)} not taken by {target}; for several "
                               "loggers pick an option that lists them (logger=wandb_tensorboard), not logger=[...]")
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path, name: str, job_type: str, grouping: dict) -> list:
-    return [LOGGER_KINDS[c._target_].build(c, run_dir, name, job_type, grouping)
-            for c in logger_configs(cfg.logger).values()]
+def build_loggers(logger_cfg: dict, run_dir: Path, name: str, job_type: str, grouping: dict) -> list:
+    return [LOGGER_KINDS[c["_target_"]].build(c, run_dir, name, job_type, grouping)
+            for c in logger_configs(logger_cfg).values()]
 
 
 def log_results(loggers: list, results: dict, overrides: list[str]) -> None:
@@ -57,9 +59,10 @@ def sweep_end(config: DictConfig) -> None:
     """Once every job of a multirun is done: each logger's sweep-wide step. Nothing it does can lose a job's
     results, so a failure is one warning line."""
     sweep_dir = Path(config.hydra.sweep.dir)
-    for key, cfg in logger_configs(config.logger).items():
+    study = OmegaConf.to_container(config.study, resolve=True) if config.get("study") else None
+    for key, cfg in logger_configs(OmegaConf.to_container(config.logger, resolve=True)).items():
         try:
-            LOGGER_KINDS[cfg._target_].sweep_end(cfg, sweep_dir, config.get("study"))
+            LOGGER_KINDS[cfg["_target_"]].sweep_end(cfg, sweep_dir, study)
         except Exception as err:  # the jobs' results are written; say what went wrong and go on
             print(f"warning: {key}'s sweep-end step failed: {type(err).__name__}: {str(err).splitlines()[0]}",
                   file=sys.stderr)
@@ -77,13 +80,13 @@ class LoggerKind:
                 for name, p in inspect.signature(function).parameters.items()
                 if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
 
-    def build(self, cfg: DictConfig, run_dir: Path, name: str, job_type: str, grouping: dict):
+    def build(self, cfg: dict, run_dir: Path, name: str, job_type: str, grouping: dict):
         return instantiate(cfg, save_dir=str(run_dir))
 
     def log_results(self, logger, results: dict, hparams: dict) -> None:
         pass
 
-    def sweep_end(self, cfg: DictConfig, sweep_dir: Path, study: DictConfig | None) -> None:
+    def sweep_end(self, cfg: dict, sweep_dir: Path, study: dict | None) -> None:
         pass
 
 
@@ -97,7 +100,7 @@ class WandbKind(LoggerKind):
         return (wandb.init,)
 
     @staticmethod
-    def mode(cfg: DictConfig, where: Path) -> str:
+    def mode(cfg: dict, where: Path) -> str:
         mode = cfg.get("mode", "offline")
         if mode == "online" and not reachable(WANDB_HOST):
             print(f"warning: W&B server {WANDB_HOST[0]} unreachable; logging offline instead "
@@ -144,11 +147,11 @@ class WandbKind(LoggerKind):
         columns = list(dict.fromkeys(key for row in rows for key in row))
         table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows],
                             allow_mixed_types=True)
-        settings = {k: v for k, v in OmegaConf.to_container(cfg).items()  # project, entity...
+        settings = {k: v for k, v in cfg.items()  # project, entity...
                     if k in inspect.signature(wandb.init).parameters and k not in ("mode", "dir", "name")}
-        name = study.name if study else sweep_dir.name
+        name = study["name"] if study else sweep_dir.name
         run = wandb.init(**settings, dir=str(sweep_dir), mode=mode, name=f"{name}-comparison", job_type="sweep",
-                         group=wandb_group(study.name, sweep_dir) if study else None,
+                         group=wandb_group(study["name"], sweep_dir) if study else None,
                          settings=wandb.Settings(silent=True))
         run.log({"sweep/comparison": table})
         run.finish()

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from blocklab.experiment import Setup
+from blocklab.experiment import RunConfig, Setup, run_config
 from blocklab.errors import ConfigError, RunFolderError
 from blocklab.hardware import accelerator_error, keep_freed_memory, precision_warning, use_threads
 from blocklab.results import (CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, flatten, print_summary,
@@ -58,24 +58,28 @@ def step_callbacks(run_dir: Path, guard: DivergenceGuard, checkpoint_every: int,
             LastCheckpoint(run_dir / CHECKPOINT.parent, checkpoint_every), GracefulInterrupt(run_dir / CHECKPOINT)]
 
 
-def prepare(cfg: DictConfig) -> Setup:
-    """Everything that can fail on bad input, before any file is written."""
-    setup = Setup.from_config(cfg)
-    if error := accelerator_error(setup.groups["trainer"].get("accelerator")):
+def prepare(cfg: RunConfig | DictConfig) -> Setup:
+    """Everything that can fail on bad input, before any file is written. The Setup is the one the command line
+    validated before Hydra ran, where the config is the same (Setup.from_config); a sweep job's is validated here."""
+    config = run_config(cfg)
+    setup = Setup.from_config(config)
+    if error := accelerator_error(config["trainer"].get("accelerator")):
         raise ConfigError(error)
-    check_loggers(cfg.logger)
+    check_loggers(config["logger"])
     check_run_dir(setup.run_dir)
     setup = continued_setup(setup)  # trainer.resume_from: its source checked, YaRN's original context its own
-    return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, setup.groups))
+    return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, config))
 
 
 def run(cfg: DictConfig) -> float | None:
     """Train and evaluate one configuration. Inside a sweep, finished jobs are skipped and a failing
-    job is recorded as failed without stopping the sweep; a single run fails loudly."""
+    job is recorded as failed without stopping the sweep; a single run fails loudly. Hydra's config is resolved
+    once, here: the plain RunConfig is the one form that travels from here on."""
     keep_freed_memory()  # in this process: a sweep's workers run each job here too
+    config = run_config(cfg)
     try:
-        with own_run_dir(Path(cfg.run_dir)):
-            return run_as_sweep_job(cfg, train_and_evaluate)
+        with own_run_dir(Path(config["run_dir"])):
+            return run_as_sweep_job(config, train_and_evaluate)
     except RunFolderError as err:  # in use or damaged: a sweep goes on without it, and writes nothing there
         if not in_sweep():
             raise
@@ -83,52 +87,53 @@ def run(cfg: DictConfig) -> float | None:
         return None
 
 
-def train_and_evaluate(cfg: DictConfig) -> float | None:
-    setup = prepare(cfg)
-    groups, task, run_dir, start_step = setup.groups, setup.task, setup.run_dir, setup.start_step
+def train_and_evaluate(config: RunConfig) -> float | None:
+    setup = prepare(config)
+    task, run_dir, start_step = setup.task, setup.run_dir, setup.start_step
     is_rank_zero = rank_zero_only.rank == 0  # DDP re-launches this script once per extra device
     if is_rank_zero:
         if start_step is None:
             set_aside_checkpoints(run_dir)
-        setup.save(cfg)
-    if in_sweep() and groups["trainer"].get("strategy") == "ddp":
+        setup.save()
+    if in_sweep() and config["trainer"].get("strategy") == "ddp":
         relaunch_only_this_job(run_dir)
-    use_threads(groups["trainer"], cores_per_job())
-    warning = precision_warning(groups["trainer"].get("accelerator"), str(groups["trainer"].get("precision", "32-true")))
+    use_threads(config["trainer"], cores_per_job())
+    warning = precision_warning(config["trainer"].get("accelerator"), str(config["trainer"].get("precision", "32-true")))
     if warning and is_rank_zero:
         print(warning, file=sys.stderr)
-    L.seed_everything(groups["seed"], workers=True, verbose=False)
-    picked = choices(setup.model_cfg, groups["seed"], groups["trainer"].get("precision", "32-true"))
+    L.seed_everything(config["seed"], workers=True, verbose=False)
+    picked = choices(setup.model_cfg, config["seed"], config["trainer"].get("precision", "32-true"))
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
         f"-h{picked['n_heads']}-s{picked['seed']}"
-    lit = LitTransformer(setup.model_cfg, groups["optim"],
-                         [n for n in task.eval_lengths if task.in_distribution(n)], target_loss=groups["target_loss"],
-                         compile=bool(groups["trainer"].get("compile")))
+    lit = LitTransformer(setup.model_cfg, config["optim"],
+                         [n for n in task.eval_lengths if task.in_distribution(n)], target_loss=config["target_loss"],
+                         compile=bool(config["trainer"].get("compile")))
     if start_step is None:  # trainer.resume_from: a fresh run from that run's final weights (else nothing)
         load_source_weights(lit.model, setup)
 
-    loggers = build_loggers(cfg, run_dir, f"{task.name}-{run_name}", task.name, sweep_tags_and_group(groups))
+    loggers = build_loggers(config["logger"], run_dir, f"{task.name}-{run_name}", task.name,
+                            sweep_tags_and_group(config))
     for logger in loggers:
-        logger.log_hyperparams({**picked, **flatten(groups)})
-    guard = DivergenceGuard(groups["max_loss"])
-    callbacks = step_callbacks(run_dir, guard, groups["checkpoint_every"], config=groups)
+        logger.log_hyperparams({**picked, **flatten(config)})
+    guard = DivergenceGuard(config["max_loss"])
+    callbacks = step_callbacks(run_dir, guard, config["checkpoint_every"], config=config)
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
-    diag_cfg = groups["diagnostics"]
+    diag_cfg = config["diagnostics"]
     diagnostics = None
     if diag_cfg["enabled"]:
         diagnostics = Diagnostics(task.probe_batch(diag_cfg["probe_examples"]), run_dir / "diagnostics",
                                   diag_cfg["every_n_steps"], diag_cfg["sparsity_eps"], diag_cfg["attention_maps"])
         callbacks.append(diagnostics)
     # Resolved first: a trainer key may interpolate another group (a sweep's max_steps: ${mul:600,${study.scale}}).
-    lightning_args = {k: v for k, v in groups["trainer"].items() if k not in BLOCKLAB_TRAINER_KEYS}
+    lightning_args = {k: v for k, v in config["trainer"].items() if k not in BLOCKLAB_TRAINER_KEYS}
     trainer = instantiate(lightning_args, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir),
                           plugins=[AtomicCheckpointIO()])
 
     # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
     # which dropout draws from and the checkpoint carries, exactly where the training steps leave it.
     # Workers fork: in a joblib job the default start method would pickle the task, and forking needs no re-import.
-    workers = groups["trainer"].get("data_workers") or 0
+    workers = config["trainer"].get("data_workers") or 0
     train_loader = DataLoader(task.train_batches(start_step or 0), batch_size=None, generator=torch.Generator(),
                               num_workers=workers, multiprocessing_context="fork" if workers else None)
     val_loader = DataLoader(task.validation_batches(), batch_size=None, generator=torch.Generator())
@@ -151,8 +156,8 @@ def train_and_evaluate(cfg: DictConfig) -> float | None:
 
     lit.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU: evaluate where it trained
     results = outcome(task, lit, guard.diverged_at_step, trainer.global_step, picked)
-    if groups.get("study"):
-        results["study"] = groups["study"]["name"]
+    if config.get("study"):
+        results["study"] = config["study"]["name"]
     if in_sweep():  # what the job varied, as a failed job's record has it too
         results["overrides"] = job_overrides()
     if diagnostics is not None:

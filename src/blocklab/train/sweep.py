@@ -33,10 +33,10 @@ def side_by_side_error(job: dict, launcher: dict) -> str | None:
     return None
 
 
-def run_as_sweep_job(cfg: DictConfig, train: Callable[[DictConfig], float | None]) -> float | None:
-    """`train(cfg)`, or inside a sweep what stands for it: the recorded result of a finished job, or
-    None for a job that failed (recorded where its results would be). A single run fails loudly."""
-    run_dir = Path(cfg.run_dir)
+def run_as_sweep_job(config: dict, train: Callable[[dict], float | None]) -> float | None:
+    """`train(config)` (a resolved RunConfig), or inside a sweep what stands for it: the recorded result of a
+    finished job, or None for a job that failed (recorded where its results would be). A single run fails loudly."""
+    run_dir = Path(config["run_dir"])
     if INTERRUPTED["received"]:
         print(f"not started {run_dir}: the sweep was interrupted")
         return None
@@ -47,21 +47,21 @@ def run_as_sweep_job(cfg: DictConfig, train: Callable[[DictConfig], float | None
     if status == "failed":  # keep the record of the failure, then try again
         os.replace(run_dir / RESULTS_FILE, run_dir / f"results.failed-{int(time.time())}.json")
     if not in_sweep():
-        return train(cfg)
+        return train(config)
     environ = dict(os.environ)
     try:
-        return train(cfg)
+        return train(config)
     except RunFolderError:  # damaged or in use: the folder is not this job's to write
         raise
     except ConfigError as err:  # listed before launch (check_sweep_jobs); recorded so a relaunch skips it
         message = " | ".join(str(err).splitlines())
         print(f"error: job {run_dir} is invalid: {message}", file=sys.stderr)
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_results(run_dir, {"status": "invalid", "error": message, "task": cfg.task.name,
+        write_results(run_dir, {"status": "invalid", "error": message, "task": config["task"]["name"],
                                 "overrides": job_overrides()})
         return None
     except Exception as err:  # a sweep goes on; the failure is recorded where the results would be
-        print(f"error: job {run_dir} failed: {record_failure(run_dir, err, cfg.task.name, job_overrides())}",
+        print(f"error: job {run_dir} failed: {record_failure(run_dir, err, config['task']['name'], job_overrides())}",
               file=sys.stderr)
         return None
     finally:
