@@ -43,15 +43,15 @@ def keys_set_now() -> frozenset[str]:
     return frozenset(override_key(o) for o in HydraConfig.get().overrides.task)
 
 
-def resume_step(run_dir: Path, groups: dict) -> int | None:
+def resume_step(run_dir: Path, config: dict) -> int | None:
     """The step to resume from, or None for a fresh start. Checks before anything is written. The checkpoint is
     read without unpickling objects, and its config is compared with this command's: the saved
     .hydra/config.yaml's, or, where that file is gone, the one the checkpoint carries."""
     ckpt = run_dir / CHECKPOINT
-    if not ckpt.exists() or not groups.get("resume", True):
+    if not ckpt.exists() or not config.get("resume", True):
         return None
     state = load_checkpoint(ckpt, "delete it to start over, or run with resume=false (it is then kept aside)")
-    diffs = config_differences(saved_config(run_dir, state), groups, keys_set_now())
+    diffs = config_differences(saved_config(run_dir, state), config, keys_set_now())
     if diffs:
         raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
                           "use another hydra.run.dir, or resume=false to start this one afresh")
