@@ -64,6 +64,7 @@ class CommandLine:
     def overrides(self) -> list[str]:
         return [] if self.args is None else list(self.args.overrides)
 
+    @property
     def ours(self) -> bool:
         """Whether BlockLab reads this command: not help, shell completion, a rerun, or another primary config."""
         args = self.args
@@ -74,7 +75,7 @@ class CommandLine:
     def check(self) -> str | None:
         """The one-line error for overrides that do not compose, or a single run's values out of the schema, or
         None: Hydra takes it from there. A single run's config is composed once, here, and kept (`config`)."""
-        if not self.ours():
+        if not self.ours:
             return None
         args, single = self.args, not self.args.multirun and not self.args.cfg
         try:
@@ -86,11 +87,9 @@ class CommandLine:
                 if cfg is None:  # no overrides: the config as shipped
                     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
                         cfg = _compose([RUN_DIR_UNUSED])
-                folder = OmegaConf.select(cfg, "hydra.run.dir")
-                with open_dict(cfg):
-                    del cfg["hydra"]
-                config = OmegaConf.to_container(cfg, resolve=True)
-                errors = schema_errors(config) or list(filter(None, [_folder_error("hydra.run.dir", Path(folder))]))
+                folder = Path(OmegaConf.select(cfg, "hydra.run.dir"))
+                config = _without_hydra(cfg)
+                errors = schema_errors(config) or list(filter(None, [_folder_error("hydra.run.dir", folder)]))
                 if not errors:
                     self.config = config
         except OverrideError as err:
@@ -112,6 +111,11 @@ def job_config(overrides: list[str]) -> dict:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         cfg = _compose([o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
                        + [RUN_DIR_UNUSED])
+    return _without_hydra(cfg)
+
+
+def _without_hydra(cfg: DictConfig) -> dict:
+    """A composed config resolved to plain values, without Hydra's own keys (`cfg` loses them too)."""
     with open_dict(cfg):
         del cfg["hydra"]
     return OmegaConf.to_container(cfg, resolve=True)
