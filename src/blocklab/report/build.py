@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.registry import Registry  # noqa: E402
 from blocklab.report import length_gen, render, stats, tables  # noqa: E402
-from blocklab.report import benches  # noqa: E402
+from blocklab.report import benches, recall  # noqa: E402
 from blocklab.report.activation_curves import plot_activation_functions  # noqa: E402
 from blocklab.report.attention_maps import plot_attention_maps  # noqa: E402
 from blocklab.report.common import band as _band, group, keys as _keys, label as _label, legend as _legend  # noqa: E402
@@ -155,6 +155,8 @@ PLOTS.register("attention_maps")(plot_attention_maps)  # its own module: a figur
 PLOTS.register("spectral_bounds")(plot_spectral_bounds)  # ||A||_2 per layer against seed 000's bounds
 PLOTS.register("per_head")(plot_per_head)  # every head's entropy or distance
 PLOTS.register("activation_functions")(plot_activation_functions)  # the registry's activations and derivatives
+PLOTS.register("recall_memory")(recall.plot_recall_memory)  # best over lrs against the decoding state
+PLOTS.register("lr_range")(recall.plot_lr_range)  # score per lr, best and working range per setting
 
 
 @PLOTS.register("length_curve")

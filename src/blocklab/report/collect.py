@@ -14,13 +14,13 @@ HIGHER_IS_BETTER = {"exact_match", "exact_match_given_length", "read_attention",
                     "token_acc", "token_acc_in", "tokens_per_s",
                     "decode_tokens_per_s", "next_sentence_acc", "next_sentence_acc_in"}
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
-                   "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token", "early_loss",
+                   "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token", "state_bytes", "early_loss",
                    "flops_per_token"}
 # The metric columns a run's row carries (what study.metrics may name, besides a results.json field by dotted path).
 METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in", "exact_match_out", "loss_out",
            "token_acc_in", "next_sentence_acc_in",
            "params", "flops_per_token", "tokens_per_s", "ms_per_step", "diverged", "steps_to_target_loss",
-           "kv_cache_bytes_per_token", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
+           "kv_cache_bytes_per_token", "state_bytes", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
            "ffn_off", "ffn_dead", "relative_residual_last")
 EARLY = 0.25  # the early loss is read at this fraction of the planned training steps (Narang et al. 2021)
 
@@ -214,6 +214,7 @@ def _measured(results: dict, row: dict) -> dict:
         "next_sentence_acc_in": _mean([r.get("next_sentence_acc") for r in inside]),
         "kv_cache_bytes_per_token": decode.get("kv_cache_bytes_per_token"),
         "decode_tokens_per_s": decode.get("tokens_per_s"),
+        "state_bytes": decode.get("state_bytes"),  # the decoding state after a training-length sequence
         "eval": evals, "train_max_length": results["train_lengths"][1],
         "layers_init": _layers(results.get("diagnostics"), "init"),
         "layers_end": _layers(results.get("diagnostics"), "end"),

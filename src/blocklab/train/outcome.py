@@ -11,7 +11,7 @@ from blocklab.results import in_distribution_exact_match, learned_in_distributio
 from blocklab.tasks import Task
 from blocklab.tasks.base import device_of
 from blocklab.schema import PRECISIONS
-from blocklab.train.costs import costs
+from blocklab.train.costs import costs, decode_at
 from blocklab.train.job import beside_other_jobs
 
 
@@ -55,7 +55,19 @@ def decode_stats(model, task: Task, new_tokens: int = 64, batch: int = 8, rounds
 
     seconds_to_decode()
     elapsed = statistics.median([seconds_to_decode() for _ in range(rounds)])
-    return {"kv_cache_bytes_per_token": bytes_per_token, "tokens_per_s": batch * new_tokens / elapsed}
+    return {"kv_cache_bytes_per_token": bytes_per_token, "tokens_per_s": batch * new_tokens / elapsed,
+            "state_bytes": state_bytes_at_training_length(model, task)}
+
+
+def state_bytes_at_training_length(model, task: Task) -> int | None:
+    """The decoding state one sequence holds after as many tokens as a training sequence has: a KV cache that grows
+    with them, or a recurrent kind's fixed state (plus any short convolution's buffer). What Zoology and Based plot
+    recall against, at the length the model recalls over (costs.decode_state_bytes is at the longest context).
+    None where nothing decodes token by token from a causal stream alone (an encoder-decoder, a bidirectional model)."""
+    if model.is_encoder_decoder or not model.cfg.attn.causal:
+        return None
+    length = next(iter(task.train_batches()))["input"].shape[1]
+    return decode_at(model, length, 1, 1)["decode_state_bytes"]
 
 
 def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: dict) -> dict:
