@@ -30,6 +30,44 @@ def draw(kind, rows, **spec):
         plt.close(fig)
 
 
+# ------------------------------------------------------- the state a run records at its training length
+
+def mqar_task():
+    from blocklab.tasks import build_task
+
+    return build_task(dict(name="mqar", vocab_size=64, seq_len=16, num_kv_pairs=2, power_a=0.01,
+                           random_non_queries=True, eval_buckets=[[16, 2]], eval_examples=8, eval_seed=1,
+                           batch_size=4), 0)
+
+
+def model_of(kind="softmax", causal=True, **attn):
+    import torch
+    from blocklab.model import ModelConfig, build_model
+    from blocklab.model.config import AttnConfig, PosConfig
+
+    torch.manual_seed(0)
+    return build_model(ModelConfig(vocab_size=64, max_len=32, d_model=32, n_layers=2, n_heads=4, pos=PosConfig("rope"),
+                                   attn=AttnConfig(kind=kind, causal=causal, **attn))).eval()
+
+
+@pytest.mark.parametrize("kind, attn, expected", [
+    ("softmax", {}, 2 * 2 * 32 * 4 * 16),  # layers x (keys, values) x d_model x float32 x 16 training tokens
+    ("softmax", {"window": 8}, 2 * 2 * 32 * 4 * 8),  # a window of 8 holds 8 of the 16
+    ("gla", {}, 2 * 4 * 8 * 8 * 4),  # layers x heads x a d_head x d_head matrix x float32, at any length
+    ("softmax", {"short_conv": 4}, 2 * 2 * 32 * 4 * 16 + 2 * 3 * 3 * 32 * 4),  # + K-1 inputs of q, k, v per layer
+], ids=["mha", "window", "gla", "mha_short_conv"])
+def test_the_state_at_the_training_length_is_the_kv_cache_or_the_fixed_state(kind, attn, expected):
+    from blocklab.train.outcome import state_bytes_at_training_length
+
+    assert state_bytes_at_training_length(model_of(kind, **attn), mqar_task()) == expected
+
+
+def test_a_bidirectional_model_records_no_decoding_state():
+    from blocklab.train.outcome import state_bytes_at_training_length
+
+    assert state_bytes_at_training_length(model_of(causal=False), mqar_task()) is None
+
+
 # ------------------------------------------------------------------ the working learning-rate range, by hand
 
 def test_lr_range_counts_the_learning_rates_within_the_fraction_of_the_best():
