@@ -2,6 +2,8 @@
 decode.state_bytes), the plot kinds `recall_memory` (best over learning rates against that state) and `lr_range`
 (best score and working learning-rate range per setting), and two jobs of sweeps/recall.yaml end to end."""
 import json
+import subprocess
+import sys
 
 import matplotlib
 import pytest
@@ -10,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from blocklab.report import recall  # noqa: E402
-from blocklab.report.build import PLOTS, check_plots, plot  # noqa: E402
+from blocklab.report.build import PLOTS, check_plots  # noqa: E402
 from blocklab.errors import ConfigError  # noqa: E402
 from conftest import CONF, run_cli  # noqa: E402
 
@@ -159,9 +161,6 @@ def test_two_recall_jobs_record_their_state_and_the_report_reads_them(tmp_path):
 
 
 def run_cli_report(folder):
-    import subprocess
-    import sys
-
     return subprocess.run([sys.executable, "-m", "blocklab.report", str(folder)], capture_output=True, text=True,
                           timeout=600)
 
