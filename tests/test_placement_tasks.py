@@ -4,6 +4,7 @@ significance one id; Abacus digit indices (McLeish et al. 2024) count each numbe
 index hints (Zhou et al. 2024) mark each digit with its index and are not scored. Then: offsets in training
 only, cached decoding with the streams, one-line errors, and short end-to-end runs."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -435,7 +436,7 @@ def test_bad_settings_are_one_line_errors_before_any_work(args, message, tmp_pat
     ["task=copy", "task.index_hints=true", "pos.abacus=true", "pos=none"],
     ["task=copy", "task.end_marker=true", "pos.coupled=true", "pos=rope"],
 ], ids=["addition-coupled", "copy-hints-coupled", "copy-hints-abacus-nope", "copy-end-marker-coupled"])
-def test_short_runs_train_and_evaluate(overrides, run_dir):
+def test_short_runs_train_and_evaluate(overrides, run_dir, capsys):
     run_in_process([*FAST, *overrides], run_dir)
     results = read_results(run_dir)
     assert results["status"] == "completed" and results["steps"] == 20
@@ -446,8 +447,10 @@ def test_short_runs_train_and_evaluate(overrides, run_dir):
     # Generation from a free prompt has no digit indices or coupled ids to give: one line, naming the setting.
     from blocklab.generate import main as generate_main
     setting = "pos.coupled" if "pos.coupled=true" in overrides else "pos.abacus"
-    with pytest.raises(SystemExit, match=f"trained with {setting}.*position streams come from the task"):
+    with pytest.raises(SystemExit) as refused:
         generate_main([str(run_dir), "--prompt", "12+34="])
+    assert refused.value.code == 2
+    assert re.search(f"trained with {setting}.*position streams come from the task", capsys.readouterr().err)
 
 
 def test_generation_refuses_exactly_the_settings_whose_positions_come_from_the_task():

@@ -121,7 +121,7 @@ def test_a_task_missing_part_of_the_interface_cannot_be_built():
 
 
 def test_every_registered_task_implements_the_interface():
-    assert list(TASKS) == ["copy", "addition", "lm", "periodic", "keyed", "mlm", "brackets", "count", "max"]
+    assert list(TASKS) == ["copy", "addition", "lm", "periodic", "keyed", "mlm", "brackets", "count", "max", "mqar"]
     for name in TASKS:
         assert issubclass(TASKS[name], Task) and not TASKS[name].__abstractmethods__
     assert copy_task().name == "copy" and addition_task().name == "addition"
@@ -130,7 +130,7 @@ def test_every_registered_task_implements_the_interface():
 def test_unknown_task_names_the_choices():
     assert task_errors({"name": "cpy"}) == ["task.name='cpy' is unknown; did you mean 'copy'? "
                                             "use one of ['copy', 'addition', 'lm', 'periodic', 'keyed', 'mlm', "
-                                            "'brackets', 'count', 'max']"]
+                                            "'brackets', 'count', 'max', 'mqar']"]
 
 
 def test_seq2seq_support_is_read_from_the_task_class(tmp_path):

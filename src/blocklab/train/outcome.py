@@ -67,7 +67,13 @@ def state_bytes_at_training_length(model, task: Task) -> int | None:
     if model.is_encoder_decoder or not model.cfg.attn.causal:
         return None
     length = next(iter(task.train_batches()))["input"].shape[1]
-    return decode_at(model, length, 1, 1)["decode_state_bytes"]
+    was_training = model.training
+    model.eval()  # one sequence: BatchNorm in training mode has no batch statistics for it (and dropout draws)
+    try:
+        with torch.no_grad():
+            return decode_at(model, length, 1, 1)["decode_state_bytes"]
+    finally:
+        model.train(was_training)
 
 
 def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: dict) -> dict:
