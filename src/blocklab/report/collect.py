@@ -252,7 +252,7 @@ def study_specs(root: Path, rows: list[dict]) -> dict[str, dict]:
     return specs
 
 
-PRESENTATION = ("plots", "bench")  # how a study is shown, not what its runs did
+PRESENTATION = ("plots", "bench", "verdict")  # how a study is shown and judged, not what its runs did
 
 
 def _presentation(name: str) -> dict:
