@@ -345,7 +345,9 @@ def _cross_errors(config: dict) -> list[str]:
     memory, needed = physical_memory(), parameter_bytes(config["model"], config["trainer"].get("precision"))
     if memory is not None and needed > memory:
         model = config["model"]
-        errors.append(f"model.d_model={model['d_model']}, model.n_layers={model['n_layers']} need at least "
+        sizes = ", ".join(f"model.{key}={model[key]}" for key in ("d_model", "n_layers", "d_ff")
+                          if model.get(key) is not None)
+        errors.append(f"{sizes} need at least "
                       f"{needed / 2**30:.3g} GiB to train (weights, gradients and Adam's moments) and this machine "
                       f"has {memory / 2**30:.3g} GiB; make the model smaller")
     if "min_lr" in optim and "lr" in optim and optim["min_lr"] > optim["lr"]:
