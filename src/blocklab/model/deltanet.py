@@ -100,17 +100,5 @@ class DeltaNet(RecurrentAttention):
                 padding = ~valid[:, None, :, None]
                 k, v = k.masked_fill(padding, 0.0), v.masked_fill(padding, 0.0)
             q = grouped(q, self.n_kv_heads)
-            held = None if state is None else state.get("S")
-            if ctx.need_weights:
-                if state is not None:
-                    raise ValueError("attention weights are not available while decoding with a recurrent state")
-                weights = delta_weights(q, k, beta)
-                self.last_weights = weights.flatten(1, 2)
-                out = weights @ v[:, :, None]
-            elif state is not None and k.shape[2] == 1:
-                out, final = delta_step(q, k, v, beta, held)
-            else:
-                out, final = delta_chunked(q, k, v, beta, held, self.chunk)
-            if state is not None:
-                state.tensors["S"] = final
+            out = self.run_forms(q, k, v, beta, ctx, state, delta_weights, delta_step, delta_chunked)
         return self.normed(out.flatten(1, 2).to(dtype))

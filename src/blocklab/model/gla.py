@@ -16,7 +16,6 @@ with S (d_k x d_v per K/V head) as the state. Each head's output is RMS-normaliz
 LayerNorm after RetNet); the paper's output gate (Swish(x W_r) * ...) is left out, so the kinds compare on how
 they mix tokens. GQA/MQA: the query heads of a group read their K/V head's state. Padding: a padded token has
 k = v = 0 and alpha = 1, so it changes nothing."""
-import math
 
 import torch
 import torch.nn.functional as F
@@ -106,17 +105,5 @@ class GatedLinearAttention(RecurrentAttention):
                 padding = ~valid[:, None, :, None]
                 k, v, log_alpha = (t.masked_fill(padding, 0.0) for t in (k, v, log_alpha))
             q = grouped(q * self.scale, self.n_kv_heads)
-            held = None if state is None else state.get("S")
-            if ctx.need_weights:
-                if state is not None:
-                    raise ValueError("attention weights are not available while decoding with a recurrent state")
-                weights = gla_weights(q, k, log_alpha)
-                self.last_weights = weights.flatten(1, 2)
-                out = weights @ v[:, :, None]
-            elif state is not None and k.shape[2] == 1:
-                out, final = gla_step(q, k, v, log_alpha, held)
-            else:
-                out, final = gla_chunked(q, k, v, log_alpha, held, self.chunk)
-            if state is not None:
-                state.tensors["S"] = final
+            out = self.run_forms(q, k, v, log_alpha, ctx, state, gla_weights, gla_step, gla_chunked)
         return self.normed(out.flatten(1, 2).to(dtype))

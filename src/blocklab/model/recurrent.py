@@ -87,6 +87,24 @@ class RecurrentAttention(Attention):
         finally:
             self.pending = None
 
+    def run_forms(self, q, k, v, gate, ctx, state, weights_form, step_form, chunked_form) -> Tensor:
+        """The kind's output from grouped queries: the explicit weights when they are asked for (analysis), one
+        recurrent step while decoding a single token, else the chunked parallel form; the state carried on."""
+        held = None if state is None else state.get("S")
+        if ctx.need_weights:
+            if state is not None:
+                raise ValueError("attention weights are not available while decoding with a recurrent state")
+            weights = weights_form(q, k, gate)
+            self.last_weights = weights.flatten(1, 2)
+            return weights @ v[:, :, None]
+        if state is not None and k.shape[2] == 1:
+            out, final = step_form(q, k, v, gate, held)
+        else:
+            out, final = chunked_form(q, k, v, gate, held, self.chunk)
+        if state is not None:
+            state.tensors["S"] = final
+        return out
+
     def normed(self, out: Tensor) -> Tensor:
         """(B, H, T, d_head) outputs, each head's RMS-normalized."""
         return out if self.out_norm is None else self.out_norm(out)
