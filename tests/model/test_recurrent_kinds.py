@@ -210,15 +210,19 @@ def test_cached_decoding_equals_recomputation(kind, group, pos):
     assert_cached_steps_equal_full(model, tokens((2, 33), seed=3), prefix=7, then=18)
 
 
+def assert_padded_batch_decodes_each_row_as_alone(model, lengths, new_tokens, seed):
+    """Prompts of different lengths, left-padded into one cached batch, decode as each does alone, uncached."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, V, (n,), generator=g) for n in lengths]
+    cached = generate(model, prompts, max_new_tokens=new_tokens)
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, [prompt], max_new_tokens=new_tokens, use_cache=False)
+        assert torch.equal(cached[row], alone[0]), f"row {row}"
+
+
 @pytest.mark.parametrize("kind", RECURRENT)
 def test_generation_with_left_padding_decodes_each_row_as_alone(kind):
-    model = make_model(kind, n_kv_heads=2)
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(1, V, (n,), generator=g) for n in (3, 7, 5)]
-    cached = generate(model, prompts, max_new_tokens=6)
-    for row, prompt in enumerate(prompts):
-        alone = generate(model, [prompt], max_new_tokens=6, use_cache=False)
-        assert torch.equal(cached[row], alone[0]), f"row {row}"
+    assert_padded_batch_decodes_each_row_as_alone(make_model(kind, n_kv_heads=2), (3, 7, 5), 6, seed=1)
 
 
 @pytest.mark.parametrize("kind", RECURRENT)
@@ -309,12 +313,7 @@ def test_short_conv_keeps_the_model_causal_and_its_cache_equal_to_recomputation(
 
 @pytest.mark.parametrize("kind", ["softmax", "deltanet"])
 def test_short_conv_generation_with_left_padding_decodes_each_row_as_alone(kind):
-    model = make_model(kind, short_conv=3)
-    g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(1, V, (n,), generator=g) for n in (2, 6, 4)]
-    cached = generate(model, prompts, max_new_tokens=5)
-    for row, prompt in enumerate(prompts):
-        assert torch.equal(cached[row], generate(model, [prompt], max_new_tokens=5, use_cache=False)[0]), f"row {row}"
+    assert_padded_batch_decodes_each_row_as_alone(make_model(kind, short_conv=3), (2, 6, 4), 5, seed=2)
 
 
 def test_short_conv_must_be_a_non_negative_integer():
