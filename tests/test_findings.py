@@ -103,6 +103,32 @@ def test_a_setting_that_did_not_learn_is_not_judged_beyond_training_and_is_flagg
     assert page.index("did not learn in distribution: pos=a") < page.index("**Verdict")
 
 
+def test_a_sweep_over_learning_rates_judges_each_setting_at_its_best_and_counts_its_working_range():
+    """Zoology reports each model at its best learning rate; a rate "works" when its mean reaches 0.9 of that best.
+    kind a: best at 0.01 (0.95); 0.001 (0.90 >= 0.855) works, 0.0001 (0.30) does not. kind b never learns (its
+    exact match stays 0.2), so its range is not counted and it alone is flagged, at its best rate."""
+    scores = {("a", 0.0001): 0.30, ("a", 0.001): 0.90, ("a", 0.01): 0.95, ("b", 0.0001): 0.25, ("b", 0.001): 0.20,
+              ("b", 0.01): 0.26}
+    jobs = [{**_job({"attn": k, "optim.lr": lr}, s, v + s / 1000, learned=0.2 if k == "b" else v),
+             "metrics": {"token_acc_in": v + s / 1000}} for (k, lr), v in scores.items() for s in range(2)]
+    meta = {**_meta(), "sweep": "x", "jobs": 12, "seeds": [0, 1], "task": ["mqar"], "d_model": [64], "n_layers": [2],
+            "n_heads": [1], "steps": [10], "scale": 1, "machines": {}, "train_time_s": 1.0, "commit": None,
+            "commit_recorded": False, "date": "d", "command": "python train.py -m sweep=x", "report": "r"}
+    meta["study"] = {"compare": ["attn", "optim.lr"], "metrics": ["token_acc_in"],
+                     "verdict": {"metric": "token_acc_in", "better": {"attn": "a"}, "than": {"attn": "b"}}}
+    groups = findings._groups(meta, jobs)
+    best = findings.tuned(meta, groups)
+    assert {rest: tried[0][0] for rest, tried in best.items()} == {("a",): 0.01, ("b",): 0.01}
+    assert set(findings.at_best(meta, groups)) == {("a", 0.01), ("b", 0.01)}
+    page = findings.render_page(meta, jobs, None)
+    row_a = next(line for line in page.splitlines() if line.startswith("| attn=a |"))
+    assert "| 0.01 |" in row_a and "2 of 3 (0.001, 0.01)" in row_a
+    row_b = next(line for line in page.splitlines() if line.startswith("| attn=b |"))
+    assert "not learned at any" in row_b
+    flag = page[:page.index("**Verdict")]
+    assert "attn=b, lr=0.01" in flag and "attn=a" not in flag and "1 of 2 settings" in flag
+
+
 @pytest.mark.slow
 def test_a_real_tiny_sweep_end_to_end(tmp_path):
     """Train a cheap sweep for a few steps, write its findings, and re-render them unchanged."""
