@@ -10,7 +10,7 @@ from blocklab.bench.__main__ import main
 from blocklab.bench.attention import Variant, fit_slope, variants
 from blocklab.model.attention import ATTENTION_KINDS
 from blocklab.model.patterns import ATTENTION_PATTERNS, Pattern
-from blocklab.report.attention_costs import attention_costs_section
+from blocklab.report import benches, render
 
 
 @pytest.fixture(scope="module")
@@ -100,19 +100,20 @@ def test_slope_fit_recovers_a_known_exponent(power):
     assert fit_slope(lengths, [1.0, None, 2.0, 3.0]) is None
 
 
-def test_report_section_renders_from_the_json(bench, tmp_path):
-    page = attention_costs_section(bench, tmp_path)
+def test_report_section_renders_from_the_json(bench, tmp_path, monkeypatch):
+    page = render.section(benches.section_data("attention", bench, tmp_path))
     result = bench["benchmarks"]["attention"]
     assert page.startswith("<section id='attention_costs'>") and page.endswith("</section>")
     assert "data:image/png;base64," in page and (tmp_path / "attention_costs.png").stat().st_size > 0
     for row in result["summary"]:
         assert row["variant"] in page
     assert page.count("PASS") + page.count("MISS") == len(result["targets"])
-    path = tmp_path / "attention.json"
+    monkeypatch.chdir(tmp_path)  # no outputs/bench here: only the files given are read
+    path, other = tmp_path / "attention.json", tmp_path / "other.json"
     path.write_text(json.dumps(bench))
-    assert attention_costs_section(path).startswith("<section")  # a path or its content
-    with pytest.raises(ValueError, match="no attention benchmark"):
-        attention_costs_section({"benchmarks": {}})
+    other.write_text(json.dumps({"benchmarks": {}}))
+    assert "<img" in benches.section("attention", tmp_path, tmp_path, [path])  # a file given with --bench
+    assert "python -m blocklab.bench attention" in benches.section("attention", tmp_path, tmp_path, [other])
 
 
 def test_quick_flag_is_the_tiny_size(tmp_path, monkeypatch):
