@@ -25,18 +25,6 @@ from blocklab.model.attention import ATTENTION_KINDS, Attention
 from blocklab.model.cache import KVState
 
 
-class LatentState(KVState):
-    """MLA's cache: the latent c_KV as the held 'keys' and the RoPE key k^R as the 'values', (B, 1, T, width)."""
-
-    @property
-    def latent(self) -> Tensor:
-        return self.keys
-
-    @property
-    def rope_keys(self) -> Tensor:
-        return self.values
-
-
 def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -92,8 +80,8 @@ class MultiHeadLatentAttention(Attention):
     def state_bytes_per_token(self, element_size: int) -> int:
         return (self.kv_rank + self.rope_dim) * element_size  # c_KV and k^R: all a decoding step keeps
 
-    def new_state(self) -> LatentState:
-        return LatentState()
+    def new_state(self) -> KVState:
+        return KVState()  # the latent c_KV held as its 'keys', the RoPE key k^R as its 'values', (B, 1, T, width)
 
     def up_weights(self) -> tuple[Tensor, Tensor]:
         """W_UK and W_UV as (H, d_h, d_c): head i's key is W_UK[i] c_KV, its value W_UV[i] c_KV."""
