@@ -27,7 +27,7 @@ from blocklab.report.attention_maps import plot_attention_maps  # noqa: E402
 from blocklab.report.common import band as _band, group, keys as _keys, label as _label, legend as _legend  # noqa: E402
 from blocklab.report.common import WHEN, name as _name, not_recorded, order as _order, plot_errors  # noqa: E402
 from blocklab.report.common import short as _short, takes  # noqa: E402
-from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS  # noqa: E402
+from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS, _count  # noqa: E402
 from blocklab.report.per_head import plot_per_head  # noqa: E402
 from blocklab.report.spectral import plot_spectral_bounds  # noqa: E402
 from blocklab.report.render import Figure, Items, Para, Table, para  # noqa: E402
@@ -463,10 +463,6 @@ def budget(done: list[dict], compare: list[str]) -> str:
             fixed.append(f"{knob}={values.pop()}")
     untuned = (f"; one value for every setting, not tuned per setting: {', '.join(fixed)}" if fixed else "")
     return f"{steps}; {seeds_text}{untuned}."
-
-
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
