@@ -65,7 +65,8 @@ def test_choices_are_named_by_what_the_model_computes(tmp_path):
     ("task.min_len=20", "the training length range is empty"),
     ("task.eval_lengths=[]", "task.eval_lengths=[] must be a non-empty list"),
     ("task=addition task.batch_size=0", "task.batch_size=0 must be a positive integer"),
-    ("trainer.max_steps=0", "trainer.max_steps=0 must be a positive integer"),
+    ("trainer.max_steps=0", "trainer.max_steps=0 trains nothing and needs trainer.resume_from=RUN"),
+    ("trainer.max_steps=-1", "trainer.max_steps=-1 must be a positive integer (0, no training"),
     ("trainer.precision=16-mixed", "trainer.precision='16-mixed' is not supported; use 32-true"),
     ("trainer.precision=bf16-true", "trainer.precision='bf16-true' is not supported; use 32-true"),
     ("trainer.precision=bf16", "trainer.precision='bf16' is not supported; use 32-true (float32), bf16-mixed"),
@@ -80,6 +81,8 @@ def test_choices_are_named_by_what_the_model_computes(tmp_path):
     ("task=lm task.block_size=0", "task.block_size=0 must be a positive integer"),
     ("task=lm task.tokenizer.type=bpe", "task.tokenizer.vocab_size=None: byte-level BPE needs an integer above 256"),
     ("task=lm task.eval_multipliers=[1,0]", "task.eval_multipliers=[1, 0] must be a non-empty list"),
+    ("task=lm task.eval_lengths=[128,256]", "task.eval_lengths=[128, 256] must be null (task.eval_multipliers times "
+                                             "task.block_size) or a list of positive token counts that holds task.block_size=64"),
 ])
 def test_bad_config_raises_one_line_naming_the_key(overrides, message, tmp_path):
     run_dir = tmp_path / "run"

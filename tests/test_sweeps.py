@@ -17,6 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 import blocklab.modifications  # noqa: F401 - ${modifications:} in the modifications sweep's params
+from blocklab.errors import ConfigError
 from blocklab.report.build import check_plots
 from blocklab.train.run import prepare
 from blocklab.train.job import one_job_at_a_time
@@ -29,7 +30,7 @@ EXPECTED_JOBS = {"head_count": 36, "pe_copy": 21, "pe_addition": 21, "pe_lm": 21
                  "rank_collapse": 36, "attention_scale": 36, "addition_format": 12, "attention_kinds": 60,
                  "sparse_patterns": 24, "length_gen_copy": 36, "length_gen_addition": 36, "attention_cost": 48, "architecture": 12, "architecture_lm": 6, "norm_type": 60, "init_depth_rezero": 24,
                  "ffn_width": 24, "recipe": 24, "moe": 12, "modifications": 150,
-                 "attention_patterns": 12, "mlm_nsp": 6, "recall": 56}
+                 "attention_patterns": 12, "mlm_nsp": 6, "recall": 56, "context_extension": 48}
 
 
 def expand(name: str) -> list[list[str]]:
@@ -91,7 +92,13 @@ def test_sweep_expands_to_valid_jobs(name, tmp_path):
     settings = {tuple(o for o in job if not o.startswith("seed=")): job for job in jobs}
     for i, job in enumerate(settings.values()):
         cfg = compose_config([f"sweep={name}", *job], tmp_path / str(i))
-        assert cfg.study.name == name and cfg.trainer.max_steps > 0
+        assert cfg.study.name == name and (cfg.trainer.max_steps > 0 or cfg.trainer.resume_from is not None)
+        if cfg.trainer.resume_from is not None:  # a continuation of another sweep's runs, which are not here:
+            with pytest.raises(ConfigError, match=f"trainer.resume_from={cfg.trainer.resume_from}: .* is not a "
+                                                  "finished BlockLab run"):
+                prepare(cfg)  # refused in one line, as its launch would be; the rest checked without the source
+            cfg = compose_config([f"sweep={name}", *job, "trainer.resume_from=null", "trainer.max_steps=1"],
+                                 tmp_path / str(i))
         prepare(cfg)  # raises ConfigError on an invalid combination
     scaled = compose_config([f"sweep={name}", "study.scale=4"], tmp_path / "scaled")
     assert scaled.trainer.max_steps == 4 * compose_config([f"sweep={name}"], tmp_path / "base").trainer.max_steps

@@ -27,9 +27,11 @@ def study_folder(name: str, scale) -> str:
     return name if scale == 1 else f"{name}-scale{scale:g}"
 
 
-def _study_folder(*, _root_: DictConfig) -> str:
-    """`${study_folder:}`: study_folder of the config's study.name and study.scale (conf/config.yaml)."""
-    return study_folder(OmegaConf.select(_root_, "study.name"), OmegaConf.select(_root_, "study.scale", default=1))
+def _study_folder(name: str | None = None, *, _root_: DictConfig) -> str:
+    """`${study_folder:}`: study_folder of the config's study.name and study.scale (conf/config.yaml);
+    `${study_folder:pe_lm}`: another sweep's folder at this study's scale (the runs a continuation starts from)."""
+    return study_folder(name or OmegaConf.select(_root_, "study.name"),
+                        OmegaConf.select(_root_, "study.scale", default=1))
 
 
 OmegaConf.register_new_resolver("study_folder", _study_folder, replace=True)

@@ -40,6 +40,10 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _fmt_rate(value) -> str:
+    return "-" if value is None else f"{value:,.0f}"  # None: no step was trained (trainer.max_steps=0)
+
+
 def _finite(value):
     """JSON has no NaN/Infinity: a diverged loss is written as null."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -156,7 +160,7 @@ def print_summary(results: dict, path: Path, console: Console | None = None) -> 
     console.print(table)
     diverged = f" at step {results['diverged_at_step']}" if results["diverged_at_step"] is not None else ""
     console.print(f"status: {results['status']}{diverged} | params {results['params']:,} | steps {results['steps']} | "
-                  f"{results['train_time_s']:.1f} s | {results['tokens_per_s']:,.0f} tokens/s | "
+                  f"{results['train_time_s']:.1f} s | {_fmt_rate(results['tokens_per_s'])} tokens/s | "
                   f"final train loss {_fmt(results['final_train_loss'])} | results: {path}", soft_wrap=True)
     warning = learned_warning(results)
     if warning:

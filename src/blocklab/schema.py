@@ -8,9 +8,11 @@ import difflib
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from blocklab.registry import is_number
+from blocklab.results import unfinished_run_error
 
 
 class Spec:
@@ -254,7 +256,8 @@ SCHEMA: dict[str, Group] = {
     "trainer": Group({
         "_target_": Choice(("lightning.pytorch.Trainer",)), "accelerator": Choice(("cpu", "gpu", "cuda", "mps", "auto")),
         "devices": Either(POSITIVE_INT, Choice(("auto",))), "num_nodes": POSITIVE_INT,
-        "strategy": Text(), "max_steps": POSITIVE_INT,
+        "strategy": Text(),
+        "max_steps": Described(Int(0), "a positive integer (0, no training, evaluates trainer.resume_from's weights)"),
         # The training stream is endless: no epoch for a fraction of one to refer to.
         "val_check_interval": Described(POSITIVE_INT, "a positive integer number of steps between validations"), "check_val_every_n_epoch": Nullable(POSITIVE_INT, "by steps"),
         "log_every_n_steps": POSITIVE_INT, "gradient_clip_val": Nullable(POSITIVE, "no clipping"),
@@ -352,6 +355,13 @@ def _cross_errors(config: dict) -> list[str]:
                       f"has {memory / 2**30:.3g} GiB; make the model smaller")
     if "min_lr" in optim and "lr" in optim and optim["min_lr"] > optim["lr"]:
         errors.append(f"optim.min_lr={optim['min_lr']} must be at most optim.lr={optim['lr']}")
+    trainer = config["trainer"]
+    if trainer.get("max_steps") == 0 and trainer.get("resume_from") is None:
+        errors.append("trainer.max_steps=0 trains nothing and needs trainer.resume_from=RUN (whose weights it evaluates "
+                      "under this config); set trainer.resume_from or a positive number of steps")
+    if trainer.get("resume_from") is not None and (missing := unfinished_run_error(Path(trainer["resume_from"]))):
+        # Before a sweep launches: a job whose source is not there yet would be recorded invalid, and kept so.
+        errors.append(f"trainer.resume_from={trainer['resume_from']}: {missing}")
     if pos.get("randomize") and pos.get("random_max") is None:
         errors.append("pos.randomize=true needs pos.random_max: the range [0, L) positions are drawn from, "
                       "several times the longest evaluated sequence (e.g. pos.random_max=256)")

@@ -25,10 +25,10 @@ def _positive_int(value) -> bool:
 
 @TASKS.register("lm")
 class LMTask(Task):
-    length_keys = "task.block_size times the largest of task.eval_multipliers"
+    length_keys = "task.block_size times the largest of task.eval_multipliers (or the largest of task.eval_lengths)"
 
     def __init__(self, data: dict, tokenizer: dict, block_size: int, batch_size: int, eval_multipliers: list[int],
-                 eval_max_tokens: int, cache_dir: str, seed: int):
+                 eval_max_tokens: int, cache_dir: str, seed: int, eval_lengths: list[int] | None = None):
         self.block_size, self.batch_size, self.seed = block_size, batch_size, seed
         self.eval_multipliers, self.eval_max_tokens = list(eval_multipliers), eval_max_tokens
         self.cache_dir = Path(cache_dir).expanduser()
@@ -37,7 +37,9 @@ class LMTask(Task):
             raise ConfigError(
                 f"the corpus is too short for task.block_size={block_size}: {len(self.train_ids)} training and "
                 f"{len(self.val_ids)} validation tokens, each needs more than one block; lower block_size or add text")
-        self.eval_lengths = [m * block_size for m in self.eval_multipliers]
+        # Absolute lengths where given: runs at other contexts (a continuation at 4x) are scored at the same lengths.
+        self.eval_lengths = list(eval_lengths) if eval_lengths else [m * block_size for m in self.eval_multipliers]
+        self.eval_multipliers = [n / block_size if n % block_size else n // block_size for n in self.eval_lengths]
 
     @classmethod
     def errors(cls, cfg: dict) -> list[str]:
@@ -46,6 +48,12 @@ class LMTask(Task):
         mults = cfg.get("eval_multipliers")
         if not isinstance(mults, (list, tuple)) or not mults or not all(_positive_int(m) for m in mults):
             errs.append(f"task.eval_multipliers={mults!r} must be a non-empty list of positive integers, e.g. [1,2,4,8]")
+        lengths = cfg.get("eval_lengths")
+        if lengths is not None and (not isinstance(lengths, (list, tuple)) or not all(_positive_int(n) for n in lengths)
+                                    or cfg.get("block_size") not in lengths):
+            errs.append(f"task.eval_lengths={lengths!r} must be null (task.eval_multipliers times task.block_size) or a "
+                        f"list of positive token counts that holds task.block_size={cfg.get('block_size')!r} (the "
+                        "in-distribution loss), e.g. [64,128,256,512]")
         data = cfg.get("data") or {}
         if data.get("path") and data.get("hub"):
             errs.append("task.data.path and task.data.hub are both set; keep one")
@@ -141,7 +149,7 @@ class LMTask(Task):
             loss = loss_sum / tokens if tokens else None
             finite = loss is not None and math.isfinite(loss)
             rows.append({
-                "length": length, "in_distribution": mult == 1, "exact_match": None,
+                "length": length, "in_distribution": length == self.block_size, "exact_match": None,
                 "token_acc": correct / tokens if tokens else None, "loss": loss if finite else None,
                 "n": tokens // length if tokens else 0, "multiplier": mult,
                 "perplexity": math.exp(min(loss, 700)) if finite else None,

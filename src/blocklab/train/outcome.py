@@ -88,8 +88,9 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "params": lit.model.num_params(),
         "steps": steps,
         "train_time_s": round(lit.train_time_s, 3),
-        "tokens_per_s": lit.tokens_seen / lit.step_time_s if lit.step_time_s else 0.0,
-        "ms_per_step": 1000 * lit.step_time_s / max(1, steps),
+        # Null where nothing trained (trainer.max_steps=0): a rate of no steps is not a measurement.
+        "tokens_per_s": lit.tokens_seen / lit.step_time_s if lit.step_time_s else (None if steps == 0 else 0.0),
+        "ms_per_step": 1000 * lit.step_time_s / steps if steps else None,
         "threads": torch.get_num_threads(),  # the times above depend on it (trainer.threads, the launcher)
         "beside_other_jobs": beside_other_jobs(),  # then they depend on the jobs that ran beside it too
         "machine": machine_label(device_of(lit.model)),

@@ -140,8 +140,10 @@ def train_and_evaluate(config: RunConfig) -> float | None:
     if start_step is not None:
         print(f"resuming {run_dir} from step {start_step}")
     try:
-        trainer.fit(lit, train_loader, val_loader, ckpt_path=run_dir / CHECKPOINT if start_step is not None else None,
-                    weights_only=True)
+        # max_steps 0 (schema: with trainer.resume_from only): the source's weights evaluated under this config
+        if config["trainer"]["max_steps"] > 0:
+            trainer.fit(lit, train_loader, val_loader,
+                        ckpt_path=run_dir / CHECKPOINT if start_step is not None else None, weights_only=True)
     except SIGTERMException:
         print(f"interrupted at step {trainer.global_step}; checkpoint saved in {run_dir / CHECKPOINT.parent}. "
               "Run the same command again to resume.", file=sys.stderr)
