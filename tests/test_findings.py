@@ -103,6 +103,20 @@ def test_a_setting_that_did_not_learn_is_not_judged_beyond_training_and_is_flagg
     assert page.index("did not learn in distribution: pos=a") < page.index("**Verdict")
 
 
+def test_further_claims_are_judged_as_the_first_each_against_its_own_paper():
+    jobs = ([_job({"pos": "a"}, s, v) for s, v in enumerate([0.9, 0.8, 0.85])]
+            + [_job({"pos": "b"}, s, v) for s, v in enumerate([0.1, 0.2, 0.15])]
+            + [_job({"pos": "c"}, s, v) for s, v in enumerate([0.1, 0.9, 0.5])])
+    meta = _meta(also=[{"claim": "C beats B", "metric": "exact_match_out", "better": {"pos": "c"},
+                        "than": {"pos": "b"}, "paper": "Q"},
+                       {"claim": "B beats A", "metric": "exact_match_out", "better": {"pos": "b"},
+                        "than": {"pos": "a"}}])
+    (o1, s1), (o2, s2) = findings.also(meta, jobs)
+    assert o1 == "scale" and "(Q saw it at a larger scale)" in s1  # overlapping; no paper_scale of its own
+    assert o2 == "no" and "contradicts P" in s2  # no paper of its own: the study's
+    assert findings.judge(meta, jobs)[0] == "yes"  # the first claim is unchanged by the others
+
+
 def test_a_sweep_over_learning_rates_judges_each_setting_at_its_best_and_counts_its_working_range():
     """Zoology reports each model at its best learning rate; a rate "works" when its mean reaches 0.9 of that best.
     kind a: best at 0.01 (0.95); 0.001 (0.90 >= 0.855) works, 0.0001 (0.30) does not. kind b never learns (its

@@ -28,6 +28,7 @@ from blocklab import study_folder
 from blocklab.errors import ConfigError
 from blocklab.paths import CONF_DIR
 from blocklab.report import stats
+from blocklab.report.build import _direction, _value, beyond_training, learning, learning_note, metrics_spec
 from blocklab.report.common import group, name as setting_name, order
 from blocklab.results import LEARNED_THRESHOLD, RESULTS_FILE, swept_overrides
 
@@ -87,8 +88,6 @@ def _plain(value):
 
 def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) -> dict:
     """One job's line: its setting (the study's compare keys), seed, what it varied, and the fields a page uses."""
-    from blocklab.report.build import _value
-
     swept = row.get("overrides") or {}  # a key the sweep adds (+modification=...) is named without its +
     record = {"job": Path(row["run"]).name,
               "setting": {k: _plain(row[k] if k in row else swept.get(f"+{k}")) for k in keys},
@@ -150,8 +149,6 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
 def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], out: Path) -> list[Path]:
     """Per study in the folder: its jsonl, page and figure under `out`; then the index. Raises ConfigError (one
     line) for a study name that cannot name a file, before anything is written."""
-    from blocklab.report.build import metrics_spec
-
     plans = []
     for name, study in specs.items():
         if not (isinstance(name, str) and SAFE_NAME.fullmatch(name)):
@@ -160,8 +157,10 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
         keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
         metrics = metrics_spec(study.get("metrics"), members)
         verdict = study.get("verdict") or {}
-        if isinstance(verdict, dict) and isinstance(verdict.get("metric"), str) and verdict["metric"] not in metrics:
-            metrics = [*metrics, verdict["metric"]]
+        claims = [verdict, *(verdict.get("also") or [])] if isinstance(verdict, dict) else []
+        for claim in claims:
+            if isinstance(claim, dict) and isinstance(claim.get("metric"), str) and claim["metric"] not in metrics:
+                metrics = [*metrics, claim["metric"]]
         plans.append((name, study, members, keys, metrics))
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -215,25 +214,15 @@ def _metric(job: dict, metric: str):
     return job["metrics"].get(metric) if metric in job["metrics"] else job.get(metric)
 
 
-def _direction(metric: str) -> bool | None:
-    from blocklab.report.build import _direction
-
-    return _direction(metric)
-
-
 def learned(groups: dict[tuple, list[dict]]):
     """The HTML report's rule (build.learning): a setting learned when its seeds' mean in-distribution exact match
     reaches the threshold one run is held to."""
-    from blocklab.report.build import learning
-
     return learning({k: [{"exact_match_in": j.get("in_distribution_exact_match")} for j in members]
                      for k, members in groups.items()})
 
 
 def learning_flag(meta: dict, groups) -> str | None:
     """The flag a page puts before any conclusion: the HTML report's note (build.learning_note), as one line."""
-    from blocklab.report.build import learning_note
-
     note = learning_note("", _keys(meta), learned(groups))
     return None if note is None else f"{note.lead} {' '.join(str(p) for p in note.parts)}"
 
@@ -245,6 +234,16 @@ def _select(groups, spec) -> tuple[str, list[dict]]:
     jobs = [j for members in groups.values() for j in members
             if spec and all(str(j["setting"].get(k, j["choices"].get(k))) == str(v) for k, v in spec.items())]
     return label, jobs
+
+
+def also(meta: dict, jobs: list[dict]) -> list[tuple[str, str]]:
+    """The study's further claims (study.verdict.also: a list of claims as the verdict states one, each with its own
+    `paper` where it tests another), judged as the first; the index carries the first alone."""
+    v = meta["study"].get("verdict")
+    further = v.get("also") if isinstance(v, dict) else None
+    return [judge({**meta, "study": {**meta["study"], "verdict": claim,
+                                     "paper": claim.get("paper") or meta["study"].get("paper")}}, jobs)
+            for claim in further or [] if isinstance(claim, dict)]
 
 
 def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
@@ -264,8 +263,6 @@ def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
     scale = v.get("paper_scale") or "a larger scale"
     if not a or not b:
         return "none", f"{claim}: no completed runs of {a_name if not a else b_name} here."
-    from blocklab.report.build import beyond_training
-
     if beyond_training(metric):
         for label, members in ((a_name, a), (b_name, b)):
             scores = stats.finite([j.get("in_distribution_exact_match") for j in members])
@@ -427,6 +424,7 @@ def render_page(meta: dict, jobs: list[dict], figure: str | None) -> str:
     return ENV.get_template("findings.md.j2").render(
         meta=meta, study=_study_line(meta["study"]), flag=learning_flag(meta, at_best(meta, groups)), table=table,
         tuned=best is not None, range_fraction=f"{RANGE_FRACTION:g}", verdict=verdict,
+        also=[(OUTCOMES[o], sentence) for o, sentence in also(meta, jobs)],
         outcome=OUTCOMES[outcome], figure=figure, failed=failed, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
         seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [])
