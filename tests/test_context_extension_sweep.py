@@ -35,6 +35,18 @@ def test_max_steps_0_without_resume_from_is_one_line_exit_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_sweep_before_its_base_runs_is_refused_at_launch_in_one_line(tmp_path):
+    """study.scale=3: pe_lm-scale3's runs, which no one trains; every job's source is missing, so nothing starts."""
+    done = run_cli(["-m", "sweep=context_extension", "study.scale=3", "logger=none",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == ["error: trainer.resume_from continues runs in outputs/sweeps/pe_lm-scale3, which does not exist; "
+                     "train them first (another sweep's runs: python train.py -m sweep=ITS_NAME, at the same "
+                     "study.scale)"]
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
 def test_a_0_step_continuation_evaluates_as_eval_scaling_does(base, tmp_path, method):
     source, overrides = base

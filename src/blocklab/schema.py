@@ -8,11 +8,9 @@ import difflib
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from blocklab.registry import is_number
-from blocklab.results import unfinished_run_error
 
 
 class Spec:
@@ -359,9 +357,6 @@ def _cross_errors(config: dict) -> list[str]:
     if trainer.get("max_steps") == 0 and trainer.get("resume_from") is None:
         errors.append("trainer.max_steps=0 trains nothing and needs trainer.resume_from=RUN (whose weights it evaluates "
                       "under this config); set trainer.resume_from or a positive number of steps")
-    if trainer.get("resume_from") is not None and (missing := unfinished_run_error(Path(trainer["resume_from"]))):
-        # Before a sweep launches: a job whose source is not there yet would be recorded invalid, and kept so.
-        errors.append(f"trainer.resume_from={trainer['resume_from']}: {missing}")
     if pos.get("randomize") and pos.get("random_max") is None:
         errors.append("pos.randomize=true needs pos.random_max: the range [0, L) positions are drawn from, "
                       "several times the longest evaluated sequence (e.g. pos.random_max=256)")

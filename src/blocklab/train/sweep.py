@@ -16,7 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from blocklab.errors import ConfigError, RunFolderError
-from blocklab.results import RESULTS_FILE, previous_status, read_results, write_results
+from blocklab.results import RESULTS_FILE, previous_status, read_results, unfinished_run_error, write_results
 from blocklab.train.job import INTERRUPTED, in_sweep, job_overrides, joblib_side_by_side
 
 # A job in one of these states is never run again: its result is final (invalid: its config cannot exist).
@@ -153,7 +153,8 @@ def check_sweep_jobs(overrides: list[str]) -> int:
         launcher = OmegaConf.to_container(first.hydra.launcher)
         configs = job_configs(job_settings, lambda settings: compose("config", [*settings, "run_dir=unused"]))
     for job, config in zip(jobs, configs):
-        errors = config_errors(config) or list(filter(None, [side_by_side_error(config, launcher)]))
+        errors = config_errors(config) or list(filter(None, [side_by_side_error(config, launcher),
+                                                             continued_source_error(config)]))
         if errors:
             problems[",".join(o for o in job if names_the_job(o))] = errors
     if len(problems) == len(jobs):
@@ -164,6 +165,20 @@ def check_sweep_jobs(overrides: list[str]) -> int:
         print(f"warning: job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}",
               file=sys.stderr)
     return len(jobs)
+
+
+def continued_source_error(config: dict) -> str | None:
+    """trainer.resume_from's run not there (yet), as continued.py words it: listed at launch, since the job would be
+    recorded invalid and a relaunch once the source is trained would skip it (a sweep whose every job continues a
+    missing run, e.g. context_extension before pe_lm, is refused and nothing is written)."""
+    source = config["trainer"].get("resume_from")
+    if source is None:
+        return None
+    if not Path(source).parent.is_dir():  # no run there at all: one line for every job, not one per job
+        return (f"trainer.resume_from continues runs in {Path(source).parent}, which does not exist; train them first "
+                "(another sweep's runs: python train.py -m sweep=ITS_NAME, at the same study.scale)")
+    error = unfinished_run_error(Path(source))
+    return f"trainer.resume_from={source}: {error}" if error else None
 
 
 def job_configs(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> list[dict]:
