@@ -25,13 +25,17 @@ def corpus_text(n=2000, seed=0) -> str:
     return "\n".join(" ".join(rng.choice(words) for _ in range(3)) for _ in range(n))
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ctx")
+def trained_lm(root):
+    """A finished LM run on a generated corpus under `root`: (its folder, the overrides that made it)."""
     (root / "corpus.txt").write_text(corpus_text())
     overrides = [*LM, f"task.data.path={root / 'corpus.txt'}", f"task.cache_dir={root / 'cache'}"]
     run_in_process(overrides, root / "run")
     return root / "run", overrides
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return trained_lm(tmp_path_factory.mktemp("ctx"))
 
 
 def folder_digest(folder):

@@ -9,18 +9,14 @@ from blocklab.analyze import main as analyze_main
 from blocklab.paths import CONF_DIR
 from blocklab.results import CHECKPOINT, read_results
 from conftest import run_cli, run_in_process
-from test_context_extension import LM, corpus_text, folder_digest
+from test_context_extension import folder_digest, trained_lm
 
 SCORES = ("length", "loss", "token_acc", "n", "bits_per_char")
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    root = tmp_path_factory.mktemp("zero_shot")
-    (root / "corpus.txt").write_text(corpus_text())
-    overrides = [*LM, f"task.data.path={root / 'corpus.txt'}", f"task.cache_dir={root / 'cache'}"]
-    run_in_process(overrides, root / "run")
-    return root / "run", overrides
+    return trained_lm(tmp_path_factory.mktemp("zero_shot"))
 
 
 def scores(rows):
