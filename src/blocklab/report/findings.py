@@ -466,24 +466,37 @@ def draw(meta: dict, jobs: list[dict]) -> bytes | None:
     lengths = sorted({e["length"] for j in jobs for e in j["eval"] if e.get("length") is not None})
     column = "exact_match" if "exact_match" in metric else "loss" if "loss" in metric else None
     with plt.rc_context({"svg.hashsalt": "blocklab", "font.size": 9}):
-        if metric.endswith("_out") and column and len(lengths) > 2 and not study.get("baseline"):
-            fig, ax = plt.subplots(figsize=(9, 4.2), dpi=100)
-            for key, members in groups.items():
-                xs, means, lows, highs = [], [], [], []
-                for n in lengths:
-                    values = stats.finite([e.get(column) for j in members for e in j["eval"] if e.get("length") == n])
-                    if values:
-                        xs.append(n), means.append(sum(values) / len(values)), lows.append(min(values)), highs.append(max(values))
-                not_learned = key in learn and not learn[key].learned
-                label = (setting_name(keys, key) or "all runs") + (" (not learned)" if not_learned else "")
-                line, = ax.plot(xs, means, marker="o", markersize=3, linestyle="--" if not_learned else "-", label=label)
-                ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15, linewidth=0)
-            trained = [e["length"] for j in jobs for e in j["eval"] if e.get("in_distribution")]
-            if trained:
-                ax.axvline(max(trained), color="grey", linewidth=0.8, linestyle=":")
-            ax.set_xlabel("length (dotted: longest trained)")
-            ax.set_ylabel(f"{column}, mean over seeds (band: seed range)")
-            ax.legend(fontsize=7, ncol=2)
+        curves, split = metric.endswith("_out") or verdict.get("figure") == "by_length", None
+        if curves and column and len(lengths) > 2 and not study.get("baseline"):
+            # verdict.figure=by_length: one panel per value of the verdict's `where` key (zero-shot, fine-tuned...)
+            split = next((k for k in verdict.get("where") or {} if k in keys), None) if not metric.endswith("_out") else None
+            panels = sorted({key[keys.index(split)] for key in groups}, key=order) if split else [None]
+            fig, axes = plt.subplots(1, len(panels), figsize=(9 if split is None else 6 * len(panels), 4.2), dpi=100,
+                                     squeeze=False, sharey=True)
+            named = [k for k in keys if k != split]
+            for ax, panel in zip(axes[0], panels):
+                for key, members in groups.items():
+                    if split is not None and key[keys.index(split)] != panel:
+                        continue
+                    xs, means, lows, highs = [], [], [], []
+                    for n in lengths:
+                        values = stats.finite([e.get(column) for j in members for e in j["eval"] if e.get("length") == n])
+                        if values:
+                            xs.append(n), means.append(sum(values) / len(values)), lows.append(min(values)), highs.append(max(values))
+                    not_learned = key in learn and not learn[key].learned
+                    shown = tuple(v for k, v in zip(keys, key) if k != split)
+                    label = (setting_name(named, shown) or "all runs") + (" (not learned)" if not_learned else "")
+                    line, = ax.plot(xs, means, marker="o", markersize=3, linestyle="--" if not_learned else "-", label=label)
+                    ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15, linewidth=0)
+                trained = [e["length"] for j in jobs for e in j["eval"] if e.get("in_distribution")]
+                if trained:
+                    ax.axvline(max(trained), color="grey", linewidth=0.8, linestyle=":")
+                ax.set_xlabel("length (dotted: longest trained)")
+                ax.legend(fontsize=7, ncol=2)
+                if split is not None:
+                    ax.set_title(f"{meta['sweep']}: {setting_name([split], (panel,))}", fontsize=9)
+                    ax.grid(alpha=0.3)
+            axes[0][0].set_ylabel(f"{column}, mean over seeds (band: seed range)")
         else:
             estimates = [(setting_name(keys, k) or "all runs", stats.estimate([_metric(j, metric) for j in m]))
                          for k, m in groups.items()]
@@ -505,8 +518,9 @@ def draw(meta: dict, jobs: list[dict]) -> bytes | None:
                 ax.plot([e.mean], [y], "o", color="C1", markersize=4)
             ax.set_yticks(list(ys), [label for label, _ in estimates], fontsize=7)
             ax.set_xlabel(f"{metric}: mean (dot), 95% interval (bar), seeds (ticks)")
-        ax.set_title(meta["sweep"], fontsize=9)
-        ax.grid(alpha=0.3)
+        if split is None:
+            ax.set_title(meta["sweep"], fontsize=9)
+            ax.grid(alpha=0.3)
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", metadata={"Software": None})
