@@ -117,6 +117,20 @@ def test_further_claims_are_judged_as_the_first_each_against_its_own_paper():
     assert findings.judge(meta, jobs)[0] == "yes"  # the first claim is unchanged by the others
 
 
+def test_a_partial_modifications_table_names_what_it_lacks():
+    """_planned: every modification that applies (the baseline too) without a completed run is named on the page."""
+    from blocklab.modifications import plan
+
+    jobs_planned = ["baseline", *plan().jobs]
+    extra = findings._planned(jobs_planned[:-2])
+    assert extra["not_run"] == jobs_planned[-2:] and extra["left_out"]
+    meta = {**_meta(), "sweep": "x", "jobs": 3, "seeds": [0, 1, 2], "task": ["lm"], "d_model": [64], "n_layers": [2],
+            "n_heads": [4], "steps": [10], "scale": 1, "machines": {}, "train_time_s": 1.0, "commit": None,
+            "commit_recorded": False, "date": "d", "command": "c", "report": "r", **extra}
+    page = findings.render_page(meta, [_job({"pos": "a"}, s, 0.5) for s in range(3)], None)
+    assert "Not run yet (2: " in page and all(f"`{m}`" in page for m in jobs_planned[-2:])
+
+
 def test_a_sweep_over_learning_rates_judges_each_setting_at_its_best_and_counts_its_working_range():
     """Zoology reports each model at its best learning rate; a rate "works" when its mean reaches 0.9 of that best.
     kind a: best at 0.01 (0.95); 0.001 (0.90 >= 0.855) works, 0.0001 (0.30) does not. kind b never learns (its

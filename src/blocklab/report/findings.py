@@ -168,7 +168,8 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
         results = [json.loads((Path(r["run"]) / RESULTS_FILE).read_text(encoding="utf-8")) for r in members]
         records = [job_record(r, res, keys, metrics) for r, res in zip(members, results)]
         records.sort(key=lambda j: (tuple(order(v) for v in j["setting"].values()), order(j["seed"]), j["job"]))
-        extra = {"left_out": _left_out()} if "modification" in keys else {}
+        extra = _planned([str(j["setting"].get("modification")) for j in records
+                          if j.get("status") == "completed"]) if "modification" in keys else {}
         meta = meta_record(name, study, members, results, extra)
         stem = meta["sweep"]
         data = out / f"{stem}.jsonl"
@@ -179,11 +180,14 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
     return written
 
 
-def _left_out() -> list[list[str]]:
-    """The modifications that do not apply to a decoder LM, with why (blocklab.modifications)."""
-    from blocklab.modifications import plan
+def _planned(measured: list[str]) -> dict:
+    """The modifications that do not apply to a decoder LM, with why, and those that apply but have no completed
+    run in this folder (blocklab.modifications), so a partial table says what it lacks."""
+    from blocklab.modifications import BASELINE, plan
 
-    return [[m, why] for m, why in plan().left_out.items()]
+    planned = plan()
+    return {"left_out": [[m, why] for m, why in planned.left_out.items()],
+            "not_run": [m for m in [BASELINE, *planned.jobs] if m not in set(measured)]}
 
 
 def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
@@ -427,7 +431,8 @@ def render_page(meta: dict, jobs: list[dict], figure: str | None) -> str:
         also=[(OUTCOMES[o], sentence) for o, sentence in also(meta, jobs)],
         outcome=OUTCOMES[outcome], figure=figure, failed=failed, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
-        seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [])
+        seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
+        not_run=meta.get("not_run") or [])
 
 
 def sweep_study(name: str) -> dict:
