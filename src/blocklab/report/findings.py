@@ -509,12 +509,13 @@ def draw(meta: dict, jobs: list[dict]) -> bytes | None:
             if not estimates:
                 return None
             estimates.sort(key=lambda le: le[1].mean, reverse=_direction(metric) is False)
-            state = STATE in metrics and any(_metric(j, STATE) is not None for m in groups.values() for j in m)
-            fig, axes = plt.subplots(1, 2 if state else 1, figsize=(14 if state else 9, (1.6 if state else 1.2) + 0.28 * len(estimates)),
+            against = verdict.get("against")  # a second panel: the metric against this one (memory, state)
+            state = isinstance(against, str) and any(_metric(j, against) is not None for m in groups.values() for j in m)
+            fig, axes = plt.subplots(1, 2 if state else 1, figsize=(14 if state else 9, max(3.4, 1.6 + 0.28 * len(estimates)) if state else 1.2 + 0.28 * len(estimates)),
                                      dpi=100, squeeze=False, width_ratios=[3, 2] if state else None)
             ax = axes[0][0]
             if state:
-                _recall_memory(axes[0][1], keys, groups, metric)
+                _against(axes[0][1], keys, groups, metric, against)
             ys = range(len(estimates))
             for y, (label, e) in zip(ys, estimates):
                 if e.has_interval:
@@ -533,27 +534,25 @@ def draw(meta: dict, jobs: list[dict]) -> bytes | None:
     return buf.getvalue()
 
 
-STATE = "state_bytes"  # results.json decode.state_bytes: the decoding state after a training-length sequence
-
-
-def _recall_memory(ax, keys: list[str], groups, metric: str) -> None:
-    """The metric against the decoding state each setting needs (log scale): the recall-memory trade-off as Zoology
-    (Arora et al. 2024, fig. 2) and Based (Arora et al. 2024, fig. 2) draw it; one point per setting, a hollow
-    marker where it did not learn."""
+def _against(ax, keys: list[str], groups, metric: str, x_metric: str) -> None:
+    """The metric against another per setting (study.verdict.against; log scale), e.g. against the decoding state
+    or cache each setting needs: the recall-memory trade-off as Zoology (Arora et al. 2024, fig. 2) and Based draw
+    it. One point per setting, a hollow marker where it did not learn."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     learn = learned(groups)
     for i, (key, members) in enumerate(groups.items()):
-        e, x = stats.estimate([_metric(j, metric) for j in members]), stats.estimate([_metric(j, STATE) for j in members])
+        e, x = stats.estimate([_metric(j, metric) for j in members]), stats.estimate([_metric(j, x_metric) for j in members])
         if e is None or x is None:
             continue
         ok = key not in learn or learn[key].learned
         ax.plot([x.mean], [e.mean], "osD^v<>ph*"[i % 10], color=f"C{i % 10}", markersize=6,
                 fillstyle="full" if ok else "none", label=setting_name(keys, key) or "all runs")
     ax.set_xscale("log", base=2)  # ticks at powers of two: 16, 32, 64 KiB...
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1024:g} KiB"))
+    if "bytes" in x_metric:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1024:g} KiB" if v >= 1024 else f"{v:g} B"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("decoding state after a training-length sequence (log)")
+    ax.set_xlabel(f"{x_metric} (log)")
     ax.set_ylabel(f"{metric} (hollow: not learned)")
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
