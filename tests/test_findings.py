@@ -117,6 +117,14 @@ def test_further_claims_are_judged_as_the_first_each_against_its_own_paper():
     assert findings.judge(meta, jobs)[0] == "yes"  # the first claim is unchanged by the others
 
 
+def test_the_working_range_of_a_metric_better_lower_is_within_best_over_fraction():
+    from blocklab.report.recall import AtChoice, working
+
+    options = [AtChoice(1, [1.0], []), AtChoice(2, [1.1], []), AtChoice(3, [1.2], [])]  # best 1.0; bound 1/0.9 = 1.111
+    assert [c.value for c in working(options, 0.9, higher=False)] == [1, 2]
+    assert [c.value for c in working(options, 0.9)] == [2, 3]  # better higher: best 1.2, bound 1.08
+
+
 def test_a_partial_modifications_table_names_what_it_lacks():
     """_planned: every modification that applies (the baseline too) without a completed run is named on the page."""
     from blocklab.modifications import plan
@@ -146,8 +154,9 @@ def test_a_sweep_over_learning_rates_judges_each_setting_at_its_best_and_counts_
                      "verdict": {"metric": "token_acc_in", "better": {"attn": "a"}, "than": {"attn": "b"}}}
     groups = findings._groups(meta, jobs)
     best = findings.tuned(meta, groups)
-    assert {rest: tried[0][0] for rest, tried in best.items()} == {("a",): 0.01, ("b",): 0.01}
-    assert set(findings.at_best(meta, groups)) == {("a", 0.01), ("b", 0.01)}
+    assert {rest: [c.value for c in tried] for rest, tried in best.items()} == {
+        ("a",): [0.0001, 0.001, 0.01], ("b",): [0.0001, 0.001, 0.01]}
+    assert set(findings.at_best(meta, groups, best)) == {("a", 0.01), ("b", 0.01)}
     page = findings.render_page(meta, jobs, None)
     row_a = next(line for line in page.splitlines() if line.startswith("| attn=a |"))
     assert "| 0.01 |" in row_a and "2 of 3 (0.001, 0.01)" in row_a

@@ -30,6 +30,7 @@ from blocklab.paths import CONF_DIR
 from blocklab.report import stats
 from blocklab.report.build import _direction, _value, beyond_training, learning, learning_note, metrics_spec
 from blocklab.report.common import group, name as setting_name, order
+from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, working
 from blocklab.results import LEARNED_THRESHOLD, RESULTS_FILE, swept_overrides
 
 SWEEPS = CONF_DIR / "sweep"
@@ -290,10 +291,6 @@ def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
     return "no", f"{claim}? {said}, intervals apart the other way: contradicts {paper} at this scale{why}."
 
 
-OVER = "optim.lr"  # a key swept to pick each setting's best value (Zoology: "we sweep the learning rate and report the best")
-RANGE_FRACTION = 0.9  # a learning rate "works" when its mean reaches this fraction of the setting's best (report/recall.py)
-
-
 def _verdict_metric(meta: dict) -> str:
     study = meta["study"]
     verdict = study.get("verdict") if isinstance(study.get("verdict"), dict) else {}
@@ -301,53 +298,61 @@ def _verdict_metric(meta: dict) -> str:
     return verdict.get("metric") or (metrics[0] if metrics else "final_val_loss")
 
 
-def tuned(meta: dict, groups) -> dict[tuple, list[tuple]] | None:
-    """Where the sweep tries several learning rates per setting: {setting without the lr: [(lr, its key, its
-    estimate on the verdict's metric), ...] best first}; None where it does not."""
+def tuned(meta: dict, groups) -> dict[tuple, list[AtChoice]] | None:
+    """Where the sweep tries several learning rates per setting: {setting without the lr: its learning rates, each
+    with its jobs' scores on the verdict's metric}; None where it does not."""
     keys = _keys(meta)
     if OVER not in keys:
         return None
     i, metric = keys.index(OVER), _verdict_metric(meta)
-    sign = -1 if _direction(metric) is not False else 1
-    per: dict[tuple, list[tuple]] = {}
+    per: dict[tuple, list[AtChoice]] = {}
     for key, members in groups.items():
-        if (e := stats.estimate([_metric(j, metric) for j in members])) is not None:
-            per.setdefault(key[:i] + key[i + 1:], []).append((key[i], key, e))
+        if scores := stats.finite([_metric(j, metric) for j in members]):
+            per.setdefault(key[:i] + key[i + 1:], []).append(AtChoice(key[i], scores, members))
     if all(len(tried) < 2 for tried in per.values()):
         return None
-    return {rest: sorted(tried, key=lambda t: sign * t[2].mean) for rest, tried in per.items()}
+    return per
 
 
-def at_best(meta: dict, groups) -> dict[tuple, list[dict]]:
-    """Each setting at its best learning rate (all of them where the sweep tunes none): what the learning flag and
-    the figure judge, since a learning rate that failed says nothing about the setting."""
-    best = tuned(meta, groups)
-    return groups if best is None else {tried[0][1]: groups[tried[0][1]] for tried in best.values()}
+def _with_lr(meta: dict, rest: tuple, lr) -> tuple:
+    """A setting's group key from its key without the learning rate and the rate."""
+    i = _keys(meta).index(OVER)
+    return rest[:i] + (lr,) + rest[i:]
+
+
+def at_best(meta: dict, groups, best: dict | None) -> dict[tuple, list[dict]]:
+    """Each setting at its best learning rate (`best`: tuned's answer; all settings where it is None): what the
+    learning flag and the figure judge, since a learning rate that failed says nothing about the setting."""
+    if best is None:
+        return groups
+    higher = _direction(_verdict_metric(meta)) is not False
+    return {(key := _with_lr(meta, rest, best_choice(tried, higher).value)): groups[key] for rest, tried in best.items()}
 
 
 def _tuned_table(meta: dict, groups, best: dict) -> dict:
-    """One row per setting at its best learning rate, with how many of the rates tried reach RANGE_FRACTION of that
-    best: the width of the working range (arXiv 2508.19029 found recurrent models recall only inside a narrow one).
+    """One row per setting at its best learning rate, with how many of the rates tried reach FRACTION of that best:
+    the width of the working range (arXiv 2508.19029 found recurrent models recall only inside a narrow one).
     A setting that learned at no rate has none: near chance every rate looks alike."""
     keys = _keys(meta)
     rest_keys = [k for k in keys if k != OVER]
-    metric, higher = _verdict_metric(meta), _direction(_verdict_metric(meta)) is not False
+    metric = _verdict_metric(meta)
+    higher = _direction(metric) is not False
     metrics = [m for m in meta["study"].get("metrics") or [] if isinstance(m, str)] or [metric]
     learn = learned(groups)
     header = ["setting", "best lr", "seeds", "learned (seeds ≥ %g)" % LEARNED_THRESHOLD,
               *(f"{m} mean [95% CI]" for m in metrics),
-              f"lrs within {RANGE_FRACTION:g} of best"]
+              f"lrs within {FRACTION:g} of best"]
     body = []
-    for rest, tried in sorted(best.items(), key=lambda kv: (-1 if higher else 1) * kv[1][0][2].mean):
-        lr, key, top = tried[0]
-        members = groups[key]
-        bound = RANGE_FRACTION * top.mean if higher else top.mean / RANGE_FRACTION
-        working = [t for t in tried if (t[2].mean >= bound if higher else t[2].mean <= bound)]
-        e = learn.get(key)
-        body.append([setting_name(rest_keys, rest) or "all runs", str(lr), str(len(members)),
+    tops = {rest: best_choice(tried, higher) for rest, tried in best.items()}
+    for rest, tried in sorted(best.items(), key=lambda kv: (-1 if higher else 1) * tops[kv[0]].mean):
+        top = tops[rest]
+        members = top.members
+        works = sorted(working(tried, FRACTION, higher), key=lambda c: c.value)
+        e = learn.get(_with_lr(meta, rest, top.value))
+        body.append([setting_name(rest_keys, rest) or "all runs", str(top.value), str(len(members)),
                      f"{e.learned_seeds} of {e.measured}" if e else "–",
                      *(stats.mean_interval(stats.estimate([_metric(j, m) for j in members])) for m in metrics),
-                     f"{len(working)} of {len(tried)} ({', '.join(str(t[0]) for t in sorted(working, key=lambda t: t[0]))})"
+                     f"{len(works)} of {len(tried)} ({', '.join(str(c.value) for c in works)})"
                      if e is None or e.learned else "– (not learned at any)"])
     return {"header": header, "body": body, "pairs": []}
 
@@ -426,8 +431,8 @@ def render_page(meta: dict, jobs: list[dict], figure: str | None) -> str:
     failed = [j for j in jobs if j.get("status") != "completed"]
     hours = meta["train_time_s"] / 3600
     return ENV.get_template("findings.md.j2").render(
-        meta=meta, study=_study_line(meta["study"]), flag=learning_flag(meta, at_best(meta, groups)), table=table,
-        tuned=best is not None, range_fraction=f"{RANGE_FRACTION:g}", verdict=verdict,
+        meta=meta, study=_study_line(meta["study"]), flag=learning_flag(meta, at_best(meta, groups, best)), table=table,
+        tuned=best is not None, range_fraction=f"{FRACTION:g}", verdict=verdict,
         also=[(OUTCOMES[o], sentence) for o, sentence in also(meta, jobs)],
         outcome=OUTCOMES[outcome], figure=figure, failed=failed, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
@@ -460,13 +465,13 @@ def draw(meta: dict, jobs: list[dict]) -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = at_best(meta, _groups(meta, jobs))
+    groups = _groups(meta, jobs)
+    groups = at_best(meta, groups, tuned(meta, groups))
     if not groups:
         return None
     keys, study = _keys(meta), meta["study"]
     verdict = study.get("verdict") if isinstance(study.get("verdict"), dict) else {}
-    metrics = [m for m in study.get("metrics") or [] if isinstance(m, str)]
-    metric = verdict.get("metric") or (metrics[0] if metrics else "final_val_loss")
+    metric = _verdict_metric(meta)
     learn = learned(groups)
     lengths = sorted({e["length"] for j in jobs for e in j["eval"] if e.get("length") is not None})
     column = "exact_match" if "exact_match" in metric else "loss" if "loss" in metric else None

@@ -22,6 +22,7 @@ from blocklab.report.common import group, label, legend, name, not_recorded, sho
 from blocklab.schema import Keys, Number, Text
 
 OVER = "optim.lr"
+FRACTION = 0.9  # a value "works" when its mean reaches this share of the setting's best (the working range)
 STATE = "state_bytes"  # the report column of results.json's decode.state_bytes (collect.py)
 
 
@@ -66,10 +67,11 @@ def best(options: list[AtChoice], higher: bool = True) -> AtChoice:
     return max(options, key=lambda c: c.mean if higher else -c.mean)
 
 
-def working(options: list[AtChoice], fraction: float) -> list[AtChoice]:
-    """The values whose mean reaches `fraction` of the best mean (none where the best is not above 0)."""
-    top = best(options).mean
-    return [c for c in options if top > 0 and c.mean >= fraction * top]
+def working(options: list[AtChoice], fraction: float, higher: bool = True) -> list[AtChoice]:
+    """The values whose mean reaches `fraction` of the best mean (none where the best is not above 0); for a metric
+    better lower, those within best / fraction."""
+    top = best(options, higher).mean
+    return [c for c in options if top > 0 and (c.mean >= fraction * top if higher else c.mean <= top / fraction)]
 
 
 def pooled(rows: list[dict], keys: list[str]) -> str | None:
@@ -132,7 +134,7 @@ def plot_lr_range(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) 
     """The metric against `over` (default optim.lr, log axis) per setting: the mean over seeds, the seed range
     shaded. The note gives each setting's best mean and its working range: the `over` values whose mean reaches
     `fraction` (default 0.9) of that best, k of the n tried."""
-    over, fraction = spec.get("over", OVER), spec.get("fraction", 0.9)
+    over, fraction = spec.get("over", OVER), spec.get("fraction", FRACTION)
     if not higher_is_better(metric):
         ax.text(0.5, 0.5, f"{metric}: lower is better", ha="center", va="center", transform=ax.transAxes)
         return f"not drawn: a working range is a share of the best score, and {metric} is better lower; use a score."
