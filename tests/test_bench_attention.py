@@ -47,11 +47,14 @@ def test_the_explicit_path_holds_more_than_the_fused_one(bench):
     assert by[explicit.label]["saved_mb"][-1] > by[full.label]["saved_mb"][-1]
 
 
+FIXED_STATE = ("linear", "performer", "gla", "deltanet", "based")  # every registered kind with no bytes per token
+
+
 def test_decoding_reports_fixed_state_window_cache_and_growing_kv(bench):
     result = bench["benchmarks"]["attention"]
     dec = {r["variant"]: r for r in result["decode"]}
     reach = result["settings"]["reach"]["window"]
-    for label in ("linear", "performer"):
+    for label in FIXED_STATE:
         assert len(set(dec[label]["state_bytes"])) == 1 and dec[label]["keys_held"][-1] == 0
     assert dec["softmax/window"]["keys_held"][-1] == reach
     full = dec["softmax/full"]
@@ -65,8 +68,8 @@ def test_targets_are_the_issues_and_say_pass_or_miss(bench):
     targets = bench["benchmarks"]["attention"]["targets"]
     n = max(bench["benchmarks"]["attention"]["settings"]["lengths"])
     expected = {"explicit_time_slope", "explicit_memory_slope", f"window_speedup_vs_full_at_{n}",
-                "window_cache_keys", "linear_decoding_state_growth",
-                *(f"{v}_{m}_slope" for v in ("softmax_window", "softmax_strided", "linear", "performer")
+                "window_cache_keys", *(f"{v}_decoding_state_growth" for v in FIXED_STATE),
+                *(f"{v}_{m}_slope" for v in ("softmax_window", "softmax_strided", *FIXED_STATE)
                   for m in ("time", "memory"))}
     assert expected <= set(targets)
     for verdict in targets.values():

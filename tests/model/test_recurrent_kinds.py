@@ -106,6 +106,7 @@ def test_taylor_features_give_the_second_order_expansion_of_exp():
     q, k = draw(6, 4, seed=1), draw(6, 4, seed=2)
     s = (q * k).sum(-1)
     torch.testing.assert_close((taylor_features(q) * taylor_features(k)).sum(-1), 1 + s + s * s / 2)
+    assert taylor_features(q).shape[-1] == 1 + 4 + 4 * 5 // 2  # each product x_i x_j once: the state's rows
 
 
 @pytest.mark.parametrize("length", LENGTHS)
@@ -239,7 +240,7 @@ def test_the_state_has_a_fixed_size(kind):
     assert sizes[0] > 0 and set(sizes) == {sizes[0]}
     # what it is: per layer, S (d_head x d_head) per K/V head; Based: its sums and window
     per_layer = {"gla": 2 * 8 * 8, "deltanet": 2 * 8 * 8,
-                 "based": 2 * (1 + 16 + 256) * (8 + 1) + 2 * 2 * 3 * 8}[kind] * 2 * 8  # batch 2, float64
+                 "based": 2 * (1 + 16 + 16 * 17 // 2) * (8 + 1) + 2 * 2 * 3 * 8}[kind] * 2 * 8  # batch 2, float64
     extra = 2 * 3 if kind == "based" else 0  # the window's padding flags (bool, batch 2)
     assert sizes[0] == 2 * (per_layer + extra)
 

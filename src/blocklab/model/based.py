@@ -7,7 +7,9 @@ Two token mixers, each with a fixed-size decoding state:
         phi(x') = [1, x', vec(x' x'^T) / sqrt(2)],   so   phi(q') . phi(k') = 1 + q'.k' + (q'.k')^2 / 2,
     the Taylor expansion of exp(q.k / sqrt(d')); normalized as linear attention is (Katharopoulos et al. 2020),
     y_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j), which is positive for every q, k
-    ((s + 1)^2 + 1) / 2 > 0. Its state: sum phi(k) v^T and sum phi(k), (1 + d' + d'^2) x (d_head + 1) per K/V head.
+    ((s + 1)^2 + 1) / 2 > 0. vec(x' x'^T) keeps each pair i < j once, times sqrt(2) for its two copies: the same
+    product with 1 + d' + d' (d' + 1) / 2 features in place of 1 + d' + d'^2. Its state: sum phi(k) v^T and sum phi(k),
+    (1 + d' + d' (d' + 1) / 2) x (d_head + 1) per K/V head.
   - softmax attention over a small sliding window (64 tokens, itself included), sec. 4.2. Its state: the last
     window - 1 keys and values.
 Based interleaves the two as separate layers (with gated convolutions). Here one layer sums both paths on the
@@ -31,9 +33,11 @@ from blocklab.model.recurrent import grouped, padded_to_chunks, recurrent_errors
 
 
 def taylor_features(x: Tensor) -> Tensor:
-    """[1, x, vec(x x^T) / sqrt(2)] of (..., d) -> (..., 1 + d + d^2)."""
-    outer = (x[..., :, None] * x[..., None, :]).flatten(-2) / math.sqrt(2)
-    return torch.cat((x.new_ones(*x.shape[:-1], 1), x, outer), dim=-1)
+    """[1, x, x_i^2 / sqrt(2) (each i), x_i x_j (each i < j)] of (..., d) -> (..., 1 + d + d (d + 1) / 2): the
+    distinct entries of vec(x x^T) / sqrt(2), each pair i != j once, times sqrt(2) for its two copies, so the dot
+    product is the same, 1 + q.k + (q.k)^2 / 2, with half the features (and half the decoding state)."""
+    first, second = torch.triu_indices(x.shape[-1], x.shape[-1], offset=1, device=x.device)
+    return torch.cat((x.new_ones(*x.shape[:-1], 1), x, x * x / math.sqrt(2), x[..., first] * x[..., second]), dim=-1)
 
 
 def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, window: int, scale: float) -> Tensor:

@@ -47,10 +47,11 @@ def delta_chunked(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, held: Tensor | 
     scores = (qc @ kc[:, :, None].transpose(-2, -1)).tril()  # (B, H, G, N, C, C), s <= t
     state = held if held is not None else k.new_zeros(*k.shape[:2], k.shape[-1], v.shape[-1])
     outs = []
-    for n in range(kc.shape[2]):
-        pseudo = u[:, :, n] - w[:, :, n] @ state  # (B, H, C, dv)
-        outs.append(qc[:, :, :, n] @ state[:, :, None] + scores[:, :, :, n] @ pseudo[:, :, None])
-        state = state + kc[:, :, n].transpose(-2, -1) @ pseudo
+    # unbind, not indexing: each index's backward would write a zero tensor the size of the whole sequence
+    for qn, kn, wn, un, sn in zip(qc.unbind(3), kc.unbind(2), w.unbind(2), u.unbind(2), scores.unbind(3)):
+        pseudo = un - wn @ state  # (B, H, C, dv)
+        outs.append(qn @ state[:, :, None] + sn @ pseudo[:, :, None])
+        state = state + kn.transpose(-2, -1) @ pseudo
     return torch.stack(outs, dim=3).flatten(-3, -2)[..., :length, :], state
 
 

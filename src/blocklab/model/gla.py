@@ -43,9 +43,9 @@ def gla_chunked(q: Tensor, k: Tensor, v: Tensor, log_alpha: Tensor, held: Tensor
     decay = last.squeeze(-2).exp()[..., None]  # (B, H, N, dk, 1): the whole chunk's decay
     state = held if held is not None else k.new_zeros(*k.shape[:2], k.shape[-1], v.shape[-1])
     before = []
-    for n in range(kc.shape[2]):
+    for chunk_decay, chunk_sum in zip(decay.unbind(2), local.unbind(2)):  # unbind, not [:, :, n]: see delta_chunked
         before.append(state)
-        state = decay[:, :, n] * state + local[:, :, n]
+        state = chunk_decay * state + chunk_sum
     before = torch.stack(before, dim=2)[:, :, None]  # (B, H, 1, N, dk, dv): the state at each chunk's start
     out = out + (qc * b.exp()[:, :, None]) @ before
     return out.flatten(-3, -2)[..., :length, :], state
@@ -74,7 +74,7 @@ class GatedLinearAttention(RecurrentAttention):
     low rank of the gate) and gate_temperature (tau = 16: alpha = sigmoid(.)^(1/tau) stays near 1, a slow decay)."""
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
-                 chunk: int = 32, gate_rank: int = 16, gate_temperature: float = 16.0):
+                 chunk: int = 8, gate_rank: int = 16, gate_temperature: float = 16.0):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)
         self.gate_temperature = gate_temperature
         self.gate_down = nn.Linear(d_model, gate_rank, bias=False)
