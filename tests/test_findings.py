@@ -91,6 +91,14 @@ def test_the_verdict_follows_the_intervals(a, b, outcome):
     assert f"P(pos=a better) = {stats.prob_improvement(a, b):.2f}" in sentence
 
 
+@pytest.mark.parametrize("a, learned", [([0.1, 0.9, 0.5], 1.0), ([0.9, 0.9, 0.9], 0.4)])  # overlap; never learned
+def test_a_verdict_that_does_not_show_carries_what_the_sweep_found_about_why(a, learned):
+    jobs = [_job({"pos": "a"}, s, v, learned) for s, v in enumerate(a)] + \
+        [_job({"pos": "b"}, s, v) for s, v in enumerate([0.2, 0.8, 0.4])]
+    outcome, sentence = findings.judge(_meta(why="the budget is too small"), jobs)
+    assert outcome == "scale" and sentence.endswith("(the budget is too small).")
+
+
 def test_a_setting_that_did_not_learn_is_not_judged_beyond_training_and_is_flagged_first():
     jobs = [_job({"pos": "a"}, s, 0.9, learned=0.4) for s in range(3)] + [_job({"pos": "b"}, s, 0.0) for s in range(3)]
     outcome, sentence = findings.judge(_meta(), jobs)

@@ -266,6 +266,7 @@ def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
     (a_name, a), (b_name, b) = _select(groups, v.get("better")), _select(groups, v.get("than"))
     claim = v.get("claim") or f"{a_name} beats {b_name} on {metric}"
     scale = v.get("paper_scale") or "a larger scale"
+    why = f" ({v['why']})" if v.get("why") else ""  # what the sweep found out about why
     if not a or not b:
         return "none", f"{claim}: no completed runs of {a_name if not a else b_name} here."
     if beyond_training(metric):
@@ -275,7 +276,7 @@ def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
                 k = sum(x >= LEARNED_THRESHOLD for x in scores)
                 return "scale", (f"{claim}: not testable at this scale, because {label} did not learn its training "
                                  f"lengths (in-distribution exact match {stats.fmt(sum(scores) / len(scores))}, {k} of "
-                                 f"{len(scores)} seeds ≥ {LEARNED_THRESHOLD:g}); {paper} saw it at {scale}.")
+                                 f"{len(scores)} seeds ≥ {LEARNED_THRESHOLD:g}); {paper} saw it at {scale}{why}.")
     ea, eb = stats.estimate([_metric(j, metric) for j in a]), stats.estimate([_metric(j, metric) for j in b])
     if ea is None or eb is None:
         return "none", f"{claim}: {metric} is not recorded for {a_name if ea is None else b_name}."
@@ -284,10 +285,9 @@ def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
     said = (f"{a_name} {stats.mean_interval(ea)} against {b_name} {stats.mean_interval(eb)} on {metric} "
             f"({stats.seeds_phrase(ea, eb)}), P({a_name} better) = {p:.2f}")
     if stats.overlap(ea, eb):
-        return "scale", f"{claim}? {said}: the intervals overlap, so it does not show at this scale ({paper} saw it at {scale})."
+        return "scale", f"{claim}? {said}: the intervals overlap, so it does not show at this scale ({paper} saw it at {scale}){why}."
     if (ea.mean > eb.mean) == higher:
         return "yes", f"{claim}: {said}, intervals apart: agrees with {paper}."
-    why = f" ({v['why']})" if v.get("why") else ""
     return "no", f"{claim}? {said}, intervals apart the other way: contradicts {paper} at this scale{why}."
 
 
