@@ -131,6 +131,21 @@ def test_hot_path_is_scaled_dot_product_attention(monkeypatch):
     assert len(calls) == 3 * len(model.blocks)
 
 
+def test_training_saves_no_length_by_length_tensor():
+    """Queries and keys are d_h + d_R wide, values d_h: unequal widths send SDPA to its math path, which keeps the
+    (T, T) weights for the backward. The layer pads the values so the fused kernel runs."""
+    model = mla_model().float().train()
+    length, shapes = 100, []  # no other dimension of the tiny model is 100
+
+    def keep(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(tokens((1, length)))
+    assert shapes and not any(shape[-2:] == (length, length) for shape in shapes), shapes
+
+
 def test_mla_trains():
     model = mla_model().float().train()
     idx = tokens((4, 16))

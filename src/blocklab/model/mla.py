@@ -141,5 +141,9 @@ class MultiHeadLatentAttention(Attention):
                 scores = scores + mask
             self.last_weights = scores.softmax(-1)
             return F.dropout(self.last_weights, dropout) @ v_all
+        # Values padded with zeros to the queries' width (the d_R rope columns): the CPU flash kernel needs one head
+        # width, and without it SDPA falls back to its math path, which holds the (T, T) weights.
+        width = v.shape[-1]
+        v = F.pad(v, (0, q.shape[-1] - width))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
-                                              scale=self.scale, enable_gqa=enable_gqa)
+                                              scale=self.scale, enable_gqa=enable_gqa)[..., :width]
