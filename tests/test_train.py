@@ -11,6 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import blocklab
 from blocklab.hardware import cpu_model
 from blocklab.train.callbacks import DivergenceGuard
 from blocklab.results import read_results
@@ -39,6 +40,10 @@ def check_schema(results: dict) -> None:
     # Where the numbers came from: the CPU, the kernel level torch picked for it, and torch's version.
     assert results["machine"] == (f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, "
                                   f"torch {torch.__version__}")
+    # ...and the code: the package checkout's commit (a findings page cites it), null outside git.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(blocklab.__file__).parent, capture_output=True,
+                          text=True)
+    assert (results["commit"] or "").removesuffix("+modified") == (head.stdout.strip() if head.returncode == 0 else "")
 
 
 ISSUE_COMBINATIONS = [

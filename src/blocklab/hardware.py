@@ -3,6 +3,7 @@ bfloat16 step runs ~1.8x faster than float32 on a Zen 5 with AVX512-BF16 and ~17
 import ctypes
 import ctypes.util
 import platform
+import subprocess
 from functools import lru_cache
 from pathlib import Path
 
@@ -88,6 +89,21 @@ def machine_label(device: torch.device | None = None) -> str:
     if device is not None and device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, torch {torch.__version__}"
     return f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
+
+
+@lru_cache(maxsize=1)
+def source_commit() -> str | None:
+    """The git commit of the code that runs (this package's checkout), with "+modified" when its files differ from
+    that commit; None outside a git checkout (an installed wheel). A findings page cites it."""
+    here = Path(__file__).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        same = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=here, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("" if same.returncode == 0 else "+modified")
 
 
 def precision_warning(accelerator: str | None, precision: str) -> str | None:

@@ -17,7 +17,6 @@ import io
 import json
 import math
 import re
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from markupsafe import Markup
 
 from blocklab import study_folder
 from blocklab.errors import ConfigError
+from blocklab.hardware import source_commit
 from blocklab.paths import CONF_DIR
 from blocklab.report import stats
 from blocklab.report.build import _direction, _value, beyond_training, learning, learning_note, metrics_spec
@@ -117,15 +117,6 @@ def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
     return " ".join(parts)
 
 
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                              text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
-
-
 def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], extra: dict | None = None) -> dict:
     """The setup of the runs, as the page states it."""
     import matplotlib
@@ -142,8 +133,8 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
             "task": sorted({str(r.get("task")) for r in rows}), "steps": counts("steps"),
             "machines": dict(sorted(machines.items())),
             "train_time_s": round(sum(r.get("train_time_s") or 0.0 for r in results), 1),
-            "commit": commits[0] if len(commits) == 1 else _git_commit(),
-            "commit_recorded": len(commits) == 1,
+            "commit": ", ".join(commits) if commits else source_commit(),
+            "commit_recorded": bool(commits),
             "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
 
 

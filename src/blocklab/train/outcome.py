@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from blocklab.hardware import finish_queued_work, machine_label
+from blocklab.hardware import finish_queued_work, machine_label, source_commit
 from blocklab.model import ModelConfig
 from blocklab.model.generate import generate
 from blocklab.results import in_distribution_exact_match, learned_in_distribution
@@ -94,6 +94,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "threads": torch.get_num_threads(),  # the times above depend on it (trainer.threads, the launcher)
         "beside_other_jobs": beside_other_jobs(),  # then they depend on the jobs that ran beside it too
         "machine": machine_label(device_of(lit.model)),
+        "commit": source_commit(),  # the code's git commit ("+modified": with changes not committed); null: none
         "final_train_loss": lit.last_train_loss,
         "final_val_loss": sum(in_dist) / len(in_dist) if in_dist else None,
         "diverged_at_step": diverged_at_step,
