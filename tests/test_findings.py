@@ -99,6 +99,33 @@ def test_a_verdict_that_does_not_show_carries_what_the_sweep_found_about_why(a, 
     assert outcome == "scale" and sentence.endswith("(the budget is too small).")
 
 
+def _write(path, meta: dict, jobs: list[dict]) -> None:
+    path.write_text("".join(json.dumps(x) + "\n" for x in [meta, *jobs]), encoding="utf-8")
+
+
+def test_a_page_gives_the_verdict_at_each_other_scale_it_was_run_at(tmp_path):
+    setup = {"format": findings.FORMAT, "jobs": 6, "seeds": [0, 1, 2], "task": ["copy"], "d_model": [64],
+             "n_layers": [2], "n_heads": [4], "train_time_s": 1.0, "commit": None, "commit_recorded": False,
+             "date": "d", "command": "c", "report": "r"}
+    overlapping = [_job({"pos": p}, s, v) for p, vals in (("a", [0.1, 0.9, 0.5]), ("b", [0.2, 0.8, 0.4]))
+                   for s, v in enumerate(vals)]
+    apart = [_job({"pos": p}, s, v) for p, vals in (("a", [0.9, 0.8, 0.85]), ("b", [0.1, 0.2, 0.15]))
+             for s, v in enumerate(vals)]
+    _write(tmp_path / "x.jsonl", {**_meta(), **setup, "sweep": "x", "scale": 1, "steps": [10],
+                                  "machines": {"CPU": 6}}, overlapping)
+    _write(tmp_path / "x-scale4.jsonl", {**_meta(), **setup, "sweep": "x-scale4", "scale": 4, "steps": [40],
+                                         "machines": {"GPU": 6}}, apart)
+    _write(tmp_path / "x-scaled.jsonl", {**_meta(), **setup, "sweep": "x-scaled", "scale": 1, "steps": [10],
+                                         "machines": {"CPU": 6}}, apart)  # another sweep, named alike
+    findings.write_page(tmp_path / "x.jsonl")
+    page = (tmp_path / "x.md").read_text(encoding="utf-8")
+    row = next(line for line in page.splitlines() if line.startswith("| [4](x-scale4.md)"))
+    said = stats.mean_interval(stats.estimate([0.9, 0.8, 0.85])).replace("[", "\\[").replace("]", "\\]")
+    assert "| GPU | 40 | yes |" in row and said in row  # the scaled data's numbers, escaped in a sentence
+    assert "| 1 (this page) | CPU | 10 | not at this scale |" in page and "x-scaled" not in page
+    assert "At other scales" not in findings.render_page(*findings.read_jsonl(tmp_path / "x-scale4.jsonl"), None)
+
+
 def test_a_setting_that_did_not_learn_is_not_judged_beyond_training_and_is_flagged_first():
     jobs = [_job({"pos": "a"}, s, 0.9, learned=0.4) for s in range(3)] + [_job({"pos": "b"}, s, 0.0) for s in range(3)]
     outcome, sentence = findings.judge(_meta(), jobs)

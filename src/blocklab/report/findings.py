@@ -13,6 +13,7 @@ page whose first line says it is not measured yet, built from its sweep file alo
 Everything read from a run or a sweep folder is untrusted: it reaches the Markdown only through the `md` escape
 (or as a code span fenced longer than any backtick run in it), never as markup."""
 import datetime
+import glob
 import io
 import json
 import math
@@ -168,6 +169,8 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
         data.write_text("".join(json.dumps(x, sort_keys=True, allow_nan=False) + "\n" for x in [meta, *records]),
                         encoding="utf-8")
         written += write_page(data)
+        if (base := out / f"{name}.jsonl") != data and base.exists():
+            written += write_page(base)  # the 1x page shows the verdict at this scale too
     written.append(write_index(out))
     return written
 
@@ -412,8 +415,28 @@ def _study_line(study: dict) -> dict:
             "paper": study.get("paper")}
 
 
-def render_page(meta: dict, jobs: list[dict], figure: str | None) -> str:
-    """A measured page, from the jsonl only."""
+def other_scales(data: Path) -> list[dict]:
+    """For a 1x page, its sweep measured at other `study.scale`s (`<sweep>-scale<K>.jsonl` beside it, by
+    study_folder): scale, machines, steps and the verdict there, so the page answers at each scale it was run at."""
+    meta, _ = read_jsonl(data)
+    if meta.get("scale") != 1:
+        return []
+    rows = []
+    for other in sorted(data.parent.glob(f"{glob.escape(data.stem)}-scale*.jsonl")):
+        their, jobs = read_jsonl(other)
+        scale = their.get("scale")
+        if not isinstance(scale, (int, float)) or their.get("sweep") != study_folder(meta["sweep"], scale) \
+                or other.stem != their["sweep"]:
+            continue  # another sweep's name that only starts alike
+        outcome, verdict = judge(their, jobs)
+        rows.append({"scale": scale, "stem": other.stem, "machines": ", ".join(their["machines"]) or None,
+                     "steps": "/".join(str(x) for x in their["steps"]), "outcome": OUTCOMES[outcome],
+                     "verdict": verdict})
+    return sorted(rows, key=lambda r: r["scale"])
+
+
+def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[dict] = ()) -> str:
+    """A measured page, from its jsonl (and, for a 1x page, the verdicts of its other scales' jsonl)."""
     groups = _groups(meta, jobs)
     outcome, verdict = judge(meta, jobs)
     best = tuned(meta, groups)
@@ -428,7 +451,7 @@ def render_page(meta: dict, jobs: list[dict], figure: str | None) -> str:
         outcome=OUTCOMES[outcome], figure=figure, failed=failed, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
         seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
-        not_run=meta.get("not_run") or [])
+        not_run=meta.get("not_run") or [], scales=list(scales))
 
 
 def sweep_study(name: str) -> dict:
@@ -565,7 +588,8 @@ def write_page(data: Path) -> list[Path]:
         (path := data.with_suffix(".png")).write_bytes(png)
         written.append(path)
         figure = path.name
-    (page := data.with_suffix(".md")).write_text(render_page(meta, jobs, figure), encoding="utf-8")
+    (page := data.with_suffix(".md")).write_text(render_page(meta, jobs, figure, other_scales(data)),
+                                                 encoding="utf-8")
     return [data, page, *written]
 
 
@@ -580,7 +604,7 @@ def expected(out: Path) -> dict[Path, str]:
     for data in sorted(out.glob("*.jsonl")):
         meta, jobs = read_jsonl(data)
         figure = data.with_suffix(".png").name if data.with_suffix(".png").exists() else None
-        pages[data.with_suffix(".md")] = render_page(meta, jobs, figure)
+        pages[data.with_suffix(".md")] = render_page(meta, jobs, figure, other_scales(data))
     for name in sweep_names():
         if (out / f"{name}.md") not in pages:
             pages[out / f"{name}.md"] = render_unmeasured(name)
