@@ -38,6 +38,14 @@ def test_a_variant_that_is_not_a_decoder_lm_is_left_out_with_its_reason(plan):
     assert "model_arch-encoder" in plan.left_out and "bidirectional" in plan.left_out["model_arch-encoder"]
 
 
+def test_a_change_that_computes_the_baselines_function_is_left_out(plan):
+    # Position scaling at factor 1 leaves every rotation as trained (PI: m / 1; NTK: base * 1^(d/(d-2)); YaRN's
+    # ramp interpolates by 1 and its temperature is 0.1 ln 1 + 1 = 1), and full is the default pattern.
+    for name in ("pos_scaling-pi", "pos_scaling-ntk", "pos_scaling-yarn", "attn_pattern-full"):
+        assert name not in plan.jobs and "computes what the baseline computes" in plan.left_out[name], name
+    assert {"attn-window", "pos-alibi", "init-small"} <= set(plan.jobs)  # a change of function stays
+
+
 def test_a_registry_entry_added_later_joins_the_sweep(monkeypatch, plan):
     monkeypatch.setitem(ACTIVATIONS.entries, "fake_act", ACTIVATIONS.entries["gelu"])
     grown = modifications.plan()

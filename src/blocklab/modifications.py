@@ -103,19 +103,45 @@ def register(nodes: dict[str, dict]) -> None:
                     package="_global_")
 
 
+def computed(config: dict):
+    """What a job's model computes before training: its parameter count and its logits on a fixed batch."""
+    import torch
+
+    from blocklab.experiment import Setup
+    from blocklab.model import build_model
+
+    model_cfg = Setup.from_config(config).model_cfg
+    torch.manual_seed(config["seed"])
+    model = build_model(model_cfg).eval()
+    tokens = torch.randint(model_cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return model.num_params(), model(tokens)
+
+
 def plan() -> Plan:
-    """Which modifications apply to a decoder LM: those whose composed job passes config_errors."""
+    """Which modifications apply to a decoder LM: those whose composed job passes config_errors and whose model
+    computes another function than the baseline's (pos.scaling at scaling_factor 1, or attn.pattern=full, the
+    default pattern, would only repeat the baseline)."""
+    import torch
+
     from blocklab.experiment import config_errors
 
     register({BASELINE: {}})
     nodes = candidates()
     register(nodes)
-    out = Plan()
-    for name in nodes:
+    out, baseline = Plan(), None
+    for name in nodes:  # the baseline first
         config = OmegaConf.to_container(_compose([*SWEEP, f"{GROUP}={name}"]), resolve=True)
         errors = config_errors(config)
         if not errors and not config["attn"]["causal"]:
             errors = [f"{name} sets attn.causal=false: a decoder LM would see the token it is asked to predict"]
+        if not errors:
+            params, logits = computed(config)
+            if baseline is None:
+                baseline = params, logits
+            elif params == baseline[0] and torch.allclose(logits, baseline[1], rtol=1e-5, atol=1e-6):
+                errors = [f"{name} computes what the baseline computes at its defaults: the same parameters and "
+                          "outputs, so its row would only repeat the baseline's"]
         if errors:
             out.left_out[name] = errors[0]
         else:
