@@ -103,15 +103,13 @@ def register(nodes: dict[str, dict]) -> None:
                     package="_global_")
 
 
-def computed(config: dict):
+def computed(model_cfg, seed: int):
     """What a job's model computes before training: its parameter count and its logits on a fixed batch."""
     import torch
 
-    from blocklab.experiment import Setup
     from blocklab.model import build_model
 
-    model_cfg = Setup.from_config(config).model_cfg
-    torch.manual_seed(config["seed"])
+    torch.manual_seed(seed)
     model = build_model(model_cfg).eval()
     tokens = torch.randint(model_cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -124,7 +122,8 @@ def plan() -> Plan:
     default pattern, would only repeat the baseline)."""
     import torch
 
-    from blocklab.experiment import config_errors
+    from blocklab.errors import ConfigError
+    from blocklab.experiment import Setup
 
     register({BASELINE: {}})
     nodes = candidates()
@@ -132,11 +131,14 @@ def plan() -> Plan:
     out, baseline = Plan(), None
     for name in nodes:  # the baseline first
         config = OmegaConf.to_container(_compose([*SWEEP, f"{GROUP}={name}"]), resolve=True)
-        errors = config_errors(config)
+        try:  # validated once: config_errors's lines, and the model config to build
+            model_cfg, errors = Setup.from_config(config).model_cfg, []
+        except ConfigError as err:
+            errors = str(err).splitlines()
         if not errors and not config["attn"]["causal"]:
             errors = [f"{name} sets attn.causal=false: a decoder LM would see the token it is asked to predict"]
         if not errors:
-            params, logits = computed(config)
+            params, logits = computed(model_cfg, config["seed"])
             if baseline is None:
                 baseline = params, logits
             elif params == baseline[0] and torch.allclose(logits, baseline[1], rtol=1e-5, atol=1e-6):

@@ -169,8 +169,9 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
         data.write_text("".join(json.dumps(x, sort_keys=True, allow_nan=False) + "\n" for x in [meta, *records]),
                         encoding="utf-8")
         written += write_page(data)
-        if (base := out / f"{name}.jsonl") != data and base.exists():
-            written += write_page(base)  # the 1x page shows the verdict at this scale too
+        if (base := out / f"{name}.jsonl") != data and base.exists():  # the 1x page shows this scale's verdict too
+            (page := base.with_suffix(".md")).write_text(page_text(base), encoding="utf-8")
+            written.append(page)
     written.append(write_index(out))
     return written
 
@@ -415,10 +416,10 @@ def _study_line(study: dict) -> dict:
             "paper": study.get("paper")}
 
 
-def other_scales(data: Path) -> list[dict]:
-    """For a 1x page, its sweep measured at other `study.scale`s (`<sweep>-scale<K>.jsonl` beside it, by
-    study_folder): scale, machines, steps and the verdict there, so the page answers at each scale it was run at."""
-    meta, _ = read_jsonl(data)
+def other_scales(data: Path, meta: dict) -> list[dict]:
+    """For a 1x page (`data`, whose header is `meta`), its sweep measured at other `study.scale`s
+    (`<sweep>-scale<K>.jsonl` beside it, by study_folder): scale, machines, steps and the verdict there, so the page
+    answers at each scale it was run at."""
     if meta.get("scale") != 1:
         return []
     rows = []
@@ -588,9 +589,16 @@ def write_page(data: Path) -> list[Path]:
         (path := data.with_suffix(".png")).write_bytes(png)
         written.append(path)
         figure = path.name
-    (page := data.with_suffix(".md")).write_text(render_page(meta, jobs, figure, other_scales(data)),
+    (page := data.with_suffix(".md")).write_text(render_page(meta, jobs, figure, other_scales(data, meta)),
                                                  encoding="utf-8")
     return [data, page, *written]
+
+
+def page_text(data: Path) -> str:
+    """A measured page as its data renders it now, with the figure already beside it (if any)."""
+    meta, jobs = read_jsonl(data)
+    figure = data.with_suffix(".png").name if data.with_suffix(".png").exists() else None
+    return render_page(meta, jobs, figure, other_scales(data, meta))
 
 
 def sweep_names() -> list[str]:
@@ -600,11 +608,7 @@ def sweep_names() -> list[str]:
 def expected(out: Path) -> dict[Path, str]:
     """Every page's text as its data renders it now: the measured pages (each jsonl), the unmeasured sweeps'
     pages, and the index."""
-    pages = {}
-    for data in sorted(out.glob("*.jsonl")):
-        meta, jobs = read_jsonl(data)
-        figure = data.with_suffix(".png").name if data.with_suffix(".png").exists() else None
-        pages[data.with_suffix(".md")] = render_page(meta, jobs, figure, other_scales(data))
+    pages = {data.with_suffix(".md"): page_text(data) for data in sorted(out.glob("*.jsonl"))}
     for name in sweep_names():
         if (out / f"{name}.md") not in pages:
             pages[out / f"{name}.md"] = render_unmeasured(name)
