@@ -92,7 +92,7 @@ def test_continued_training_starts_from_the_runs_final_weights(lm, tmp_path, mon
     monkeypatch.setattr(train_run, "LitTransformer", Recording)
     longer = [*overrides, "task.block_size=32", "pos.scaling=yarn", "pos.scaling_factor=2", f"trainer.resume_from={run}"]
     run_in_process(longer, tmp_path / "longer")
-    source = {k.removeprefix("model."): v for k, v in load_checkpoint(run / CHECKPOINT)["state_dict"].items()
+    source = {k.removeprefix("model."): v for k, v in load_checkpoint(run, CHECKPOINT, None)["state_dict"].items()
               if k.startswith("model.")}
     assert seen["weights"].keys() == source.keys()
     assert all(torch.equal(seen["weights"][k], source[k]) for k in source)
@@ -103,7 +103,7 @@ def test_continued_training_starts_from_the_runs_final_weights(lm, tmp_path, mon
     # YaRN's L is the context the source trained at, not the new task's
     assert model["pos"]["options"]["original_context"] == 16 and model["pos"]["options"]["scaling"] == "yarn"
     # it trained on: its weights moved away from the source's
-    final = load_checkpoint(tmp_path / "longer" / CHECKPOINT)["state_dict"]
+    final = load_checkpoint(tmp_path / "longer", CHECKPOINT, None)["state_dict"]
     assert not torch.equal(final["model.tok_emb.weight"], source["tok_emb.weight"])
 
 

@@ -13,7 +13,7 @@ import torch
 
 from blocklab.errors import ConfigError
 from blocklab.results import read_results
-from blocklab.train.checks import LOCK_FILE
+from blocklab.folder import LOCK_FILE
 from conftest import FAST, ROOT, run_cli, run_in_process
 
 TIMING = ("train_time_s", "tokens_per_s", "ms_per_step", "decode", "costs", "machine", "step_time_s")
@@ -174,25 +174,23 @@ def test_a_sweep_skips_a_job_folder_in_use_and_writes_nothing_there(tmp_path):
 def test_a_full_disk_while_checkpointing_is_one_line_and_the_run_resumes_once_space_is_freed(tmp_path, monkeypatch):
     """The disk fills during the step-10 checkpoint, after half of it is written: the step-5 checkpoint stays whole,
     the run stops with one line, and the same command later resumes to the results of a run never interrupted."""
+    from blocklab import folder
     from blocklab.errors import RunFolderError
-    from blocklab.train import checkpoint_io
-    from blocklab.train.checkpoint_io import write_durably
     from blocklab.checkpoint import load_checkpoint
 
     run_dir, straight, overrides = tmp_path / "run", tmp_path / "straight", [*FAST, "checkpoint_every=5"]
-    saves = []
+    saves, fsync = [], folder.os.fsync
 
-    def fills_the_disk_on_the_second_save(path, data):
-        saves.append(path)
-        if len(saves) == 2:
-            path.write_bytes(bytes(data)[: len(data) // 2])
-            raise OSError(28, "No space left on device", str(path))
-        write_durably(path, data)
+    def fills_the_disk_on_the_second_save(fd):  # only checkpoints are written durably
+        saves.append(fd)
+        if len(saves) == 2:  # the temporary holds the whole checkpoint's bytes, not yet on the disk
+            raise OSError(28, "No space left on device")
+        fsync(fd)
 
-    monkeypatch.setattr(checkpoint_io, "write_durably", fills_the_disk_on_the_second_save)
+    monkeypatch.setattr(folder.os, "fsync", fills_the_disk_on_the_second_save)
     with pytest.raises(RunFolderError, match=r"^no space left on the disk of .*last\.ckpt.*previous checkpoint is kept"):
         run_in_process(overrides, run_dir)
-    assert load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 5
+    assert load_checkpoint(run_dir, "checkpoints/last.ckpt", None)["global_step"] == 5
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
     assert not (run_dir / "results.json").exists()
     monkeypatch.undo()

@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
+from blocklab import folder
 from blocklab.checkpoint import check_run_files, load_checkpoint
 from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig, build_model
@@ -134,39 +135,46 @@ class Setup:
         if error:
             raise ConfigError(error)
         fix = "restore the run from a copy, or train it again in a new hydra.run.dir"
-        state = load_checkpoint(run_dir / CHECKPOINT, fix)  # checksummed: it vouches for the files read below
-        check_run_files(run_dir, state, fix)
         try:
-            config = OmegaConf.to_container(OmegaConf.load(run_dir / SAVED_CONFIG), resolve=True)
-            if not isinstance(config, dict) or not all(isinstance(config.get(g), dict) for g in RUN_GROUPS):
-                raise ValueError(f"not a config with the groups {', '.join(RUN_GROUPS)}")
-        except Exception as err:  # truncated or flipped YAML, or a config that lost a group
-            raise ConfigError(damaged(run_dir / SAVED_CONFIG, err)) from None
-        try:
-            model_cfg = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text()))
+            model_cfg = ModelConfig.from_dict(folder.read_json(run_dir, MODEL_FILE))
+        except folder.FolderError:
+            raise
         except Exception as err:  # not JSON, or not a model config BlockLab wrote
             raise ConfigError(damaged(run_dir / MODEL_FILE, err)) from None
+        # Checksummed: it vouches for the files read here, and is read no larger than model.json's model allows.
+        state = load_checkpoint(run_dir, CHECKPOINT, parameter_count(model_cfg), fix)
+        check_run_files(run_dir, state, fix)
+        try:  # as data: no alias expanded, no interpolation resolved
+            config = folder.read_yaml(run_dir, SAVED_CONFIG)
+            if not isinstance(config, dict) or not all(isinstance(config.get(g), dict) for g in RUN_GROUPS):
+                raise ValueError(f"not a config with the groups {', '.join(RUN_GROUPS)}")
+        except folder.FolderError:
+            raise
+        except Exception as err:  # truncated or flipped YAML, or a config that lost a group
+            raise ConfigError(damaged(run_dir / SAVED_CONFIG, err)) from None
         task = build_task(config["task"], config["seed"], is_seq2seq(config["model"]["arch"]),
                           Placement.from_pos(config["pos"])) if with_task else None
         return cls(config, model_cfg, run_dir, task, checkpoint=state)
 
     def save(self) -> None:
         """The resolved config, plus what `from_run_dir` needs to rebuild the model without the data."""
-        (self.run_dir / MODEL_FILE).write_text(json.dumps(dataclasses.asdict(self.model_cfg), indent=2) + "\n")
-        self.task.tokenizer().save(str(self.run_dir / TOKENIZER_FILE))
-        config_dir = self.run_dir / SAVED_CONFIG.parent
-        config_dir.mkdir(exist_ok=True)
-        OmegaConf.save(OmegaConf.create(self.config), self.run_dir / SAVED_CONFIG)
+        folder.write_json(self.run_dir, MODEL_FILE, dataclasses.asdict(self.model_cfg))
+        folder.write_text(self.run_dir, TOKENIZER_FILE, self.task.tokenizer().to_str())
+        folder.write_text(self.run_dir, SAVED_CONFIG, OmegaConf.to_yaml(OmegaConf.create(self.config)))
         if HydraConfig.initialized():
             hydra_cfg = HydraConfig.get()
-            OmegaConf.save(OmegaConf.create(list(hydra_cfg.overrides.task)), config_dir / "overrides.yaml")
-            OmegaConf.save(OmegaConf.create(dict(hydra_cfg.runtime.choices)), config_dir / "choices.yaml")
+            config_dir = SAVED_CONFIG.parent
+            folder.write_text(self.run_dir, config_dir / "overrides.yaml",
+                              OmegaConf.to_yaml(OmegaConf.create(list(hydra_cfg.overrides.task))))
+            folder.write_text(self.run_dir, config_dir / "choices.yaml",
+                              OmegaConf.to_yaml(OmegaConf.create(dict(hydra_cfg.runtime.choices))))
 
     def trained_model(self) -> torch.nn.Module:
         """The model with the weights of the run's last checkpoint, in eval mode."""
         model = build_model(self.model_cfg)
         path = self.run_dir / CHECKPOINT
-        state = (self.checkpoint or load_checkpoint(path, "train the run again in a new hydra.run.dir"))["state_dict"]
+        state = (self.checkpoint or load_checkpoint(self.run_dir, CHECKPOINT, parameter_count(self.model_cfg),
+                                                    "train the run again in a new hydra.run.dir"))["state_dict"]
         try:
             model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
         except RuntimeError:  # missing, extra or reshaped weights
@@ -176,9 +184,17 @@ class Setup:
 
     def saved_tokenizer(self) -> Tokenizer:
         try:
-            return Tokenizer.from_file(str(self.run_dir / TOKENIZER_FILE))
+            return Tokenizer.from_str(folder.read_text(self.run_dir, TOKENIZER_FILE))
+        except folder.FolderError:
+            raise
         except Exception as err:  # the tokenizers library raises its own exception type for a bad file
             raise ConfigError(damaged(self.run_dir / TOKENIZER_FILE, err)) from None
+
+
+def parameter_count(model_cfg: ModelConfig) -> int:
+    """The model's exact parameter count, from a build on the meta device: shapes only, nothing allocated."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in build_model(model_cfg).parameters())
 
 
 # The Setup validated last, by its config's content (_content): what the command line built, for its run.

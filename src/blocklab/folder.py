@@ -19,6 +19,7 @@ import json
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -33,6 +34,8 @@ CAPS = {".json": 64 * MiB, ".yaml": 1 * MiB, ".yml": 1 * MiB, ".png": 64 * MiB, 
 DEFAULT_CAP = 16 * MiB
 # A checkpoint holds the weights, Adam's two moments and a little more, at most 8 bytes per number (float64).
 CHECKPOINT_BYTES_PER_PARAMETER, CHECKPOINT_SLACK = 3 * 8, 64 * MiB
+# Where the model's size is not known yet: what a model that fits this project's machines can hold.
+MAX_CHECKPOINT = 8 * 2**30
 FIX = "replace it with the run's own file, or use another folder"
 
 
@@ -253,6 +256,67 @@ def rename(root: Path, source: Path | str, target: Path | str) -> Path:
         raise FolderError(f"{dst} already exists; move it away first")
     os.rename(src, dst)
     return dst
+
+
+LOCK_FILE = ".lock"
+
+
+class FolderInUse(FolderError):
+    """Another process holds the folder's lock."""
+
+
+@contextmanager
+def lock(root: Path, what: str = "BlockLab process"):
+    """Holds an exclusive OS lock on `root` (its .lock file) for the block, or refuses at once: FolderInUse where
+    another process holds it, FolderError where the folder cannot take the lock file (read-only, a link planted
+    as .lock). The kernel drops the lock when its process dies, so a killed process never blocks the next one; the
+    lock file is removed, while still held, at the end, so the folder keeps no trace of it."""
+    import fcntl  # POSIX only: importing the module needs no lock
+
+    root = Path(root)
+    make_dirs(root)
+    check(root, LOCK_FILE, "file")
+    path = root / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise FolderError(f"cannot lock {root} ({'a link stands at .lock' if err.errno == errno.ELOOP else err.strerror}); "
+                              "use a folder you can write to") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FolderInUse(f"{root} is in use by another {what}; wait for it to finish, or use another "
+                              "folder") from None
+        # The owner may have removed the file between our open and our lock: then the lock guards nothing.
+        if os.path.lexists(path) and os.lstat(path).st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the release: a waiter then locks a file of its own
+        os.close(fd)
+
+
+def is_locked(root: Path) -> bool:
+    """Whether another process holds `root`'s lock (a run still training); creates no lock file."""
+    import fcntl
+
+    try:
+        fd = os.open(Path(root) / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def inside(root: Path, recorded: str, want: str = "file") -> Path | None:

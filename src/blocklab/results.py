@@ -1,6 +1,5 @@
 """results.json, the contract that sweeps, reports and other tools read, and its console summary."""
 import errno
-import json
 import math
 import os
 import sys
@@ -10,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from blocklab import folder
 from blocklab.errors import ConfigError, RunFolderError
 from blocklab.naming import names_the_job
 
@@ -26,7 +26,7 @@ def unfinished_run_error(run_dir: Path) -> str | None:
     """Why `run_dir` is not a finished run that a model can be rebuilt from (generate, analyze), or None. It reads
     no file, so a tool can say it before importing torch."""
     missing = [str(name) for name in (MODEL_FILE, TOKENIZER_FILE, CHECKPOINT, SAVED_CONFIG)
-               if not (run_dir / name).exists()]
+               if not folder.exists(run_dir, name)]
     return f"{run_dir} is not a finished BlockLab run (missing {', '.join(missing)})" if missing else None
 
 
@@ -58,10 +58,8 @@ def _finite(value):
 def write_results(run_dir: Path, results: dict) -> Path:
     """Write atomically, so a reader never sees half a file; a full disk is a clear error."""
     path = Path(run_dir) / RESULTS_FILE
-    tmp = path.with_suffix(".json.tmp")
     try:
-        tmp.write_text(json.dumps(_finite(results), indent=2, allow_nan=False) + "\n")
-        os.replace(tmp, path)
+        folder.write_json(run_dir, RESULTS_FILE, _finite(results))
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise ConfigError(f"cannot write {path}: {os.strerror(err.errno)}; free disk space or set "
@@ -71,17 +69,20 @@ def write_results(run_dir: Path, results: dict) -> Path:
 
 
 def read_results(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / RESULTS_FILE).read_text())
+    """The run's results.json (a FolderError for a link or special file; ValueError for one that is not JSON)."""
+    return folder.read_json(run_dir, RESULTS_FILE)
 
 
 def previous_status(run_dir: Path) -> str | None:
     """The status a run directory's results record, None where there are none yet. Results that cannot be read,
     or that record no known status, are damage: a RunFolderError, never a reason to train or evaluate again."""
     path = run_dir / RESULTS_FILE
-    if not path.exists():
+    if not folder.exists(run_dir, RESULTS_FILE):
         return None
     try:
         status = read_results(run_dir).get("status")
+    except folder.FolderError:
+        raise
     except (OSError, ValueError, AttributeError) as err:  # truncated, not UTF-8 or JSON, not an object
         status = err
     if status not in (*STATUSES, "invalid"):

@@ -3,6 +3,7 @@
 Built on Figure + the Agg canvas directly (no pyplot): no display, no global figure state to leak.
 Constrained layout keeps every label inside the figure, except in the attention grid: it is written at every
 measurement of every run, where the layout search costs more than the drawing, and its fixed margins suffice."""
+import io
 import math
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import BoundaryNorm, PowerNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from blocklab import folder
 
 NAN = float("nan")
 
@@ -23,9 +26,10 @@ def new_figure(width: float, height: float, layout: str | None = "constrained") 
 
 
 def save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    return path
+    """The figure as a PNG at `path`, written through the folder module into `path`'s folder (no link followed)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return folder.write_bytes(path.parent, path.name, buffer.getvalue())
 
 
 def attention_figure(weights: list, title: str) -> Figure:

@@ -2,7 +2,6 @@
 enabled at a resume), every K steps and at the end, logged to the experiment logger and written to the run
 directory. They run in eval mode without touching the random state or leaving gradients behind, so the training
 is unchanged."""
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -10,6 +9,7 @@ import torch
 
 from lightning.pytorch.callbacks import Callback
 
+from blocklab import folder
 from blocklab.analysis.plots import attention_heatmaps
 from blocklab.analysis.probe import forward_stats, probe_gradients, sublayer_gradient_norms, summarize
 
@@ -18,6 +18,7 @@ def write_measurement(stats: dict, out_dir: Path, tag: str, maps: bool) -> dict:
     """Save heatmaps (if asked) and return the JSON-ready measurement."""
     weights = stats.pop("weights", None)
     if maps and weights is not None:
+        folder.make_dirs(out_dir.parent, out_dir.name)  # checked: no link in the run folder's diagnostics/
         stats["attention_maps"] = [str(p.relative_to(out_dir.parent)) for p in attention_heatmaps(weights, out_dir, tag)]
     return stats
 
@@ -57,8 +58,7 @@ class Diagnostics(Callback):
 
     def _save(self, trainer) -> None:
         if trainer.is_global_zero:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "history.json").write_text(json.dumps(self.history) + "\n")
+            folder.write_json(self.out_dir.parent, Path(self.out_dir.name) / "history.json", self.history, indent=None)
 
     def state_dict(self) -> dict:
         return {"history": self.history}  # a resumed run keeps its measurements

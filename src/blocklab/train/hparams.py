@@ -8,7 +8,8 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from blocklab.results import METRICS, RESULTS_FILE, flatten, read_results, swept_overrides
+from blocklab import folder
+from blocklab.results import METRICS, RESULTS_FILE, flatten, swept_overrides
 
 RESULTS_PREFIX = "results/"  # TensorBoard tags of results.json's values, apart from the training curves
 # Not metrics: the choices are HParams, eval rows are taken per length, diagnostics are their own curves (diag/*).
@@ -36,7 +37,8 @@ def result_metrics(results: dict) -> dict[str, float]:
 
 def sweep_results(sweep_dir: Path) -> dict[str, dict]:
     """Each job's results.json under a sweep directory, by job folder name, in folder order."""
-    return {path.parent.name: read_results(path.parent) for path in sorted(Path(sweep_dir).glob(f"*/{RESULTS_FILE}"))}
+    return {path.parent.name: folder.read_json(sweep_dir, path.relative_to(sweep_dir))  # a linked job is refused
+            for path in sorted(Path(sweep_dir).glob(f"*/{RESULTS_FILE}"))}
 
 
 def session_summaries(hparams: dict, status: str) -> list:

@@ -2,13 +2,13 @@
 of a run and of a sweep. `logger` is one logger's config (with `_target_`; null: none) or several: a mapping of
 name -> one logger's config (conf/logger/wandb_tensorboard.yaml). Each logger class is one LOGGER_KINDS entry."""
 import inspect
-import json
 import sys
 from pathlib import Path
 
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from blocklab import folder
 from blocklab.errors import ConfigError
 from blocklab.net import reachable
 from blocklab.registry import Registry
@@ -43,6 +43,9 @@ def check_loggers(logger_cfg: dict) -> None:
 
 
 def build_loggers(logger_cfg: dict, run_dir: Path, name: str, job_type: str, grouping: dict) -> list:
+    """Each logger, writing its own files into a folder of the run that the folder module created and checked."""
+    for cfg in logger_configs(logger_cfg).values():
+        folder.make_dirs(run_dir, LOGGER_KINDS[cfg["_target_"]].subfolder(cfg))
     return [LOGGER_KINDS[c["_target_"]].build(c, run_dir, name, job_type, grouping)
             for c in logger_configs(logger_cfg).values()]
 
@@ -80,6 +83,10 @@ class LoggerKind:
                 for name, p in inspect.signature(function).parameters.items()
                 if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
 
+    def subfolder(self, cfg: dict) -> str:
+        """The folder of the run the logger writes into (Lightning's loggers: save_dir/name)."""
+        return cfg.get("name") or "lightning_logs"
+
     def build(self, cfg: dict, run_dir: Path, name: str, job_type: str, grouping: dict):
         return instantiate(cfg, save_dir=str(run_dir))
 
@@ -98,6 +105,9 @@ class WandbKind(LoggerKind):
         import wandb
 
         return (wandb.init,)
+
+    def subfolder(self, cfg: dict) -> str:
+        return "wandb"
 
     @staticmethod
     def mode(cfg: dict, where: Path) -> str:
@@ -138,8 +148,8 @@ class WandbKind(LoggerKind):
 
         rows = [{"job": job, "status": results["status"], **job_hparams(results, results.get("overrides", [])),
                  **result_metrics(results)} for job, results in sweep_results(sweep_dir).items()]
-        logged = sweep_dir / "wandb" / "comparison.json"
-        if not rows or (logged.exists() and json.loads(logged.read_text()) == rows):
+        logged = Path("wandb") / "comparison.json"
+        if not rows or (folder.exists(sweep_dir, logged) and folder.read_json(sweep_dir, logged) == rows):
             return
         mode = self.mode(cfg, sweep_dir)
         if mode == "disabled":
@@ -155,7 +165,7 @@ class WandbKind(LoggerKind):
                          settings=wandb.Settings(silent=True))
         run.log({"sweep/comparison": table})
         run.finish()
-        logged.write_text(json.dumps(rows))
+        folder.write_json(sweep_dir, logged, rows, indent=None)
         print(f"W&B {mode} run with the comparison table of {len(rows)} jobs: {Path(run.dir).parent}")
 
 
@@ -183,10 +193,10 @@ class TensorBoardKind(LoggerKind):
         experiment = experiment_summary(sweep_results(sweep_dir))
         if experiment is None:
             return
-        folder = sweep_dir / cfg.get("name", "tensorboard")
-        for old in folder.glob("events.out.tfevents.*"):  # TensorBoard would keep the first experiment it reads
-            old.unlink()
-        writer = FileWriter(str(folder))
+        events = folder.make_dirs(sweep_dir, cfg.get("name", "tensorboard"))  # checked: no link on the way
+        for old in events.glob("events.out.tfevents.*"):  # TensorBoard would keep the first experiment it reads
+            folder.remove(sweep_dir, old.relative_to(sweep_dir))
+        writer = FileWriter(str(events))
         writer.add_summary(experiment)
         writer.close()
 

@@ -4,8 +4,7 @@ import time
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
-
+from blocklab import folder
 from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY, load_checkpoint
 from blocklab.errors import ConfigError
 from blocklab.naming import job_name_excluded_keys, override_key
@@ -43,14 +42,15 @@ def keys_set_now() -> frozenset[str]:
     return frozenset(override_key(o) for o in HydraConfig.get().overrides.task)
 
 
-def resume_step(run_dir: Path, config: dict) -> int | None:
+def resume_step(run_dir: Path, config: dict, parameters: int | None = None) -> int | None:
     """The step to resume from, or None for a fresh start. Checks before anything is written. The checkpoint is
     read without unpickling objects, and its config is compared with this command's: the saved
     .hydra/config.yaml's, or, where that file is gone, the one the checkpoint carries."""
     ckpt = run_dir / CHECKPOINT
-    if not ckpt.exists() or not config.get("resume", True):
+    if not folder.exists(run_dir, CHECKPOINT) or not config.get("resume", True):
         return None
-    state = load_checkpoint(ckpt, "delete it to start over, or run with resume=false (it is then kept aside)")
+    state = load_checkpoint(run_dir, CHECKPOINT, parameters,
+                            "delete it to start over, or run with resume=false (it is then kept aside)")
     diffs = config_differences(saved_config(run_dir, state), config, keys_set_now())
     if diffs:
         raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
@@ -62,9 +62,11 @@ def saved_config(run_dir: Path, state: dict) -> dict:
     """The config a run was trained with: its .hydra/config.yaml, else the copy in its checkpoint. One that cannot
     be read, or neither, is a ConfigError: resuming without knowing the config could mix two experiments."""
     path = run_dir / SAVED_CONFIG
-    if path.exists():
-        try:
-            saved = OmegaConf.to_container(OmegaConf.load(path))
+    if folder.exists(run_dir, SAVED_CONFIG):
+        try:  # as data: no alias expanded, no interpolation resolved
+            saved = folder.read_yaml(run_dir, SAVED_CONFIG)
+        except folder.FolderError:
+            raise
         except Exception as err:  # truncated or flipped YAML, or YAML that is not a mapping
             raise ConfigError(f"saved config {path} is unreadable ({type(err).__name__}); restore it, or use "
                               "another hydra.run.dir") from None
@@ -80,6 +82,5 @@ def saved_config(run_dir: Path, state: dict) -> dict:
 
 def set_aside_checkpoints(run_dir: Path) -> None:
     """resume=false: keep the old checkpoints under a new name rather than deleting them."""
-    folder = run_dir / CHECKPOINT.parent
-    if folder.exists():
-        folder.rename(run_dir / f"{CHECKPOINT.parent}.old-{int(time.time())}")
+    if folder.exists(run_dir, CHECKPOINT.parent):
+        folder.rename(run_dir, CHECKPOINT.parent, f"{CHECKPOINT.parent}.old-{int(time.time())}")

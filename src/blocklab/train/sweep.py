@@ -16,6 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from blocklab.errors import ConfigError, RunFolderError
+from blocklab.folder import rename
 from blocklab.results import RESULTS_FILE, previous_status, read_results, unfinished_run_error, write_results
 from blocklab.train.job import INTERRUPTED, in_sweep, job_overrides, joblib_side_by_side
 
@@ -45,7 +46,7 @@ def run_as_sweep_job(config: dict, train: Callable[[dict], float | None]) -> flo
         print(f"skip {run_dir}: already {status}")
         return read_results(run_dir).get("final_val_loss")
     if status == "failed":  # keep the record of the failure, then try again
-        os.replace(run_dir / RESULTS_FILE, run_dir / f"results.failed-{int(time.time())}.json")
+        rename(run_dir, RESULTS_FILE, f"results.failed-{int(time.time())}.json")
     if not in_sweep():
         return train(config)
     environ = dict(os.environ)
@@ -214,12 +215,11 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
     """`jobs`: each job's overrides but Hydra's own, `configs` its config. A sweep file's jobs share one folder, where a finished job is skipped and an interrupted one resumed: so
     one launch takes one study.scale (each scale has its folder), and a job found there must have been trained
     with the config this launch asks of it, or its results would be reported as this config's."""
-    import yaml
-
     from blocklab import study_folder
+    from blocklab.folder import FolderError, check, exists, read_yaml
     from blocklab.naming import override_key
     from blocklab.overrides import job_dirname
-    from blocklab.results import CHECKPOINT
+    from blocklab.results import CHECKPOINT, SAVED_CONFIG
     from blocklab.train.resume import config_differences
 
     scales = sorted({(config.get("study") or {}).get("scale", 1) for config in configs})
@@ -237,11 +237,19 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
                           "experiment=NAME), so fewer overrides name each job")
     stale = []
     for job, config, name in zip(jobs, configs, names):
-        run_dir = folder / name
-        saved = run_dir / ".hydra" / "config.yaml"
-        reused = previous_status(run_dir) in FINAL_STATUSES or (run_dir / CHECKPOINT).exists()
-        if reused and saved.exists():
-            saved_config = yaml.load(saved.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        run_dir = check(folder, name, "dir")  # a job folder planted as a link would take the job's files elsewhere
+        saved = Path(name) / SAVED_CONFIG
+        reused = previous_status(run_dir) in FINAL_STATUSES or exists(folder, Path(name) / CHECKPOINT)
+        if reused and exists(folder, saved):
+            try:  # as data: no alias expanded, no interpolation resolved
+                saved_config = read_yaml(folder, saved)
+                if not isinstance(saved_config, dict):
+                    raise ValueError("not a mapping of keys")
+            except FolderError:
+                raise
+            except ValueError as err:
+                raise ConfigError(f"{folder / saved} is not a config BlockLab saved ({err}); move {run_dir} away "
+                                  "to run that job again") from None
             diffs = config_differences(saved_config, config,
                                        frozenset(override_key(o) for o in job))
             if diffs:
