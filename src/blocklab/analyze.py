@@ -18,10 +18,10 @@ RUN_DIR/eval_scaling_METHOD_FACTOR.json beside the run (its results.json is neve
 import argparse
 import json
 import math
-import os
 import time
 from pathlib import Path
 
+from blocklab import folder
 from blocklab.errors import ConfigError, OneLineParser, exit_on
 from blocklab.results import unfinished_run_error
 from blocklab.startup import uncollected_imports
@@ -49,9 +49,13 @@ def analyze_run(run_dir: Path) -> list[Path]:
 
     setup = Setup.from_run_dir(run_dir, with_task=True)
     paths = _write(setup.trained_model(), setup, run_dir, "trained", {"run_dir": str(run_dir)})
-    history = run_dir / "diagnostics" / "history.json"
-    fig = history_figure(json.loads(history.read_text())) if history.exists() else None
-    return paths + ([save(fig, history.with_suffix(".png"))] if fig is not None else [])
+    history = Path("diagnostics") / "history.json"
+    try:
+        fig = history_figure(folder.read_json(run_dir, history)) if folder.exists(run_dir, history) else None
+    except (ValueError, TypeError, KeyError) as err:  # FolderError (a link, a FIFO) is a ValueError too
+        raise ConfigError(f"{run_dir / history} is unreadable or damaged ({str(err).splitlines()[0][:200]}); "
+                          "remove it to analyze the run without its history") from None
+    return paths + ([save(fig, run_dir / history.with_suffix(".png"))] if fig is not None else [])
 
 
 def parse_scaling(spec: str) -> tuple[str, float] | str:
@@ -93,13 +97,9 @@ def eval_scaling(run_dir: Path, method: str, factor: float) -> list[Path]:
     record = {"run_dir": str(run_dir), "task": setup.task.name, "pos": cfg.pos.name, "scaling": method,
               "scaling_factor": factor, "original_context": options["original_context"],
               "train_lengths": list(setup.task.train_lengths), "eval": rows}
-    path = run_dir / f"eval_scaling_{method}_{factor:g}.json"
-    tmp = path.with_name(path.name + ".tmp")
     # JSON has no NaN or Infinity: a loss that overflowed is written as null, as results.json writes it.
-    text = json.dumps(json.loads(json.dumps(record), parse_constant=lambda _: None), indent=2, allow_nan=False)
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
-    return [path]
+    record = json.loads(json.dumps(record), parse_constant=lambda _: None)
+    return [folder.write_json(run_dir, f"eval_scaling_{method}_{factor:g}.json", record)]  # atomic
 
 
 def _write(model, setup, out: Path, tag: str, about: dict) -> list[Path]:
@@ -112,8 +112,7 @@ def _write(model, setup, out: Path, tag: str, about: dict) -> list[Path]:
     probe = setup.task.probe_batch(diag.get("probe_examples", 16))
     stats = measure(model, probe, diag.get("sparsity_eps", 1e-3), keep_weights=True)
     stats = write_measurement(stats, out / "diagnostics", tag, maps=True)
-    path = out / "diagnostics" / "analysis.json"
-    path.write_text(json.dumps({**about, "tag": tag, **stats}, indent=1) + "\n")
+    path = folder.write_json(out, Path("diagnostics") / "analysis.json", {**about, "tag": tag, **stats}, indent=1)
     layers = save(layer_figure(stats, f"per-layer diagnostics ({tag}, probe batch)"),
                   out / "diagnostics" / f"layers_{tag}.png")
     return [path, *(out / p for p in stats["attention_maps"]), layers]
@@ -147,10 +146,10 @@ def main(argv=None) -> None:
         if args.init:
             out = args.out or Path("outputs/analyze") / time.strftime("%Y-%m-%d_%H-%M-%S")
             paths = analyze_init(args.target, out)
-        elif scaling is not None:
-            paths = eval_scaling(Path(args.target[0]), *scaling)
-        else:
-            paths = analyze_run(Path(args.target[0]))
+        else:  # the run's lock, as training holds it: one writer at a time, and a read-only folder refused first
+            with folder.lock(Path(args.target[0]), "BlockLab process (a run still training, or another analysis)"):
+                paths = (eval_scaling(Path(args.target[0]), *scaling) if scaling is not None
+                         else analyze_run(Path(args.target[0])))
     except ConfigError as err:
         exit_on(str(err))
     for path in paths:

@@ -6,7 +6,6 @@ It prints each way's wall time, its speed-up over one after another, and its res
 trained lengths, mean final training loss), which must agree within seed noise. Where torch sees a GPU, the
 sweep runs on it (`trainer=gpu`). Whole sweeps cannot be interleaved in one process: run it twice to see how
 much the machine drifts."""
-import json
 import os
 import statistics
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 
 from blocklab.bench.common import verdict
+from blocklab.folder import read_json
 
 TARGET = 2.0  # the issue's: the default sweeps' total time falls by at least 2x
 WAYS = {
@@ -38,7 +38,7 @@ def sweep_command(size: str, folder: Path) -> list[str]:
 
 def outcome(folder: Path) -> dict:
     """What the sweep's runs measured: mean exact match on the trained lengths and mean final training loss."""
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*/results.json"))]
+    runs = [read_json(folder, p.relative_to(folder)) for p in sorted(folder.glob("*/results.json"))]
     exact = [statistics.mean(e["exact_match"] for e in r["eval"] if e["in_distribution"]) for r in runs]
     return {"runs": len(runs), "exact_match_in": round(statistics.mean(exact), 3),
             "final_train_loss": round(statistics.mean(r["final_train_loss"] for r in runs), 4)}
