@@ -6,8 +6,10 @@ flipped bit that leaves a file readable be caught rather than used."""
 import contextlib
 import io
 import json
+import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -155,9 +157,104 @@ test_analyze_a_damaged_folder = fault_test("analyze", 15)
 test_report_on_a_damaged_folder = fault_test("report", 15)
 
 
+# What a crafted folder can put in place of a file: a link to a file outside it, a named pipe (a read would block
+# forever), a link to /dev/zero (endless), a 3 GB sparse file.
+SPECIAL = ("link_outside", "fifo", "dev_zero", "oversize")
+
+
+def replace(path: Path, kind: str, outside: Path) -> None:
+    path.unlink()
+    if kind == "link_outside":
+        outside.write_bytes(b"precious")
+        os.symlink(outside, path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        os.symlink("/dev/zero", path)
+    else:
+        with open(path, "wb") as file:
+            file.truncate(3 * 2**30)
+
+
+def check_special(finished, reference, entry, name, kind) -> None:
+    """One line naming the file, exit 2, or the undamaged folder's result where the entry never reads that file (a
+    resume rewrites model.json from its config), within seconds; the file outside and results.json unchanged."""
+    copy = fresh_copy(finished, entry)
+    outside = copy.parents[1] / "outside"
+    try:
+        target = copy / name
+        if not target.exists():
+            return
+        replace(target, kind, outside)
+        results_before = (copy / "results.json").read_bytes() \
+            if (copy / "results.json").is_file() and not (copy / "results.json").is_symlink() else None
+        start = time.monotonic()
+        code, out, err = ENTRIES[entry](copy)
+        assert time.monotonic() - start < 30
+        lines = [line for line in err.splitlines() if line.strip()]
+        if code == 0 and kind == "oversize":
+            assert (code, out) == reference[entry][:2]
+        else:
+            assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err[-2000:])
+            assert str(copy) in lines[0], lines[0]
+        if kind == "link_outside":
+            assert outside.read_bytes() == b"precious"
+        if results_before is not None:
+            assert (copy / "results.json").read_bytes() == results_before
+    finally:
+        shutil.rmtree(copy.parents[1], ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("entry", ["resume", "generate"])
+def test_a_special_file_in_place_of_a_run_file_is_one_line(finished, reference, entry, name, kind):
+    check_special(finished, reference, entry, name, kind)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", SPECIAL)
+@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("entry", ["analyze", "report"])
+def test_a_special_file_in_place_of_a_run_file_is_one_line_slow(finished, reference, entry, name, kind):
+    check_special(finished, reference, entry, name, kind)
+
+
 @pytest.mark.slow
 @settings(max_examples=800, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(entry=st.sampled_from(list(ENTRIES)), **faults)
 def test_many_faults_slow(finished, reference, entry, name, kind, where, bit):
     check_draw(finished, reference, entry, name, kind, where, bit)
+
+
+def snapshot(where: Path) -> dict:
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(where.rglob("*")) if p.is_file()}
+
+
+def test_a_folder_of_links_changes_nothing_outside_it(finished, tmp_path):
+    """Every file of a finished run replaced by a link to a copy outside it: resume, generate, analyze,
+    eval-scaling, the report and --findings each refuse in one line or write only their declared outputs (--out,
+    --findings OUT); no file outside changes."""
+    from blocklab.analyze import main as analyze_main
+    from blocklab.report.__main__ import main as report_main
+
+    outside, run = tmp_path / "outside", tmp_path / "sweep" / "job"
+    shutil.copytree(finished, outside)
+    shutil.copytree(finished, run)
+    for path in sorted(run.rglob("*")):
+        if path.is_file():
+            path.unlink()
+            os.symlink(outside / path.relative_to(run), path)
+    before = snapshot(outside)
+    findings = tmp_path / "findings"
+    calls = {"resume": lambda: resume(run), "generate": lambda: generate(run), "analyze": lambda: analyze(run),
+             "eval-scaling": lambda: call(analyze_main, [str(run), "--eval-scaling", "none"]),
+             "report": lambda: call(report_main, [str(run.parent), "--out", str(tmp_path / "report")]),
+             "findings": lambda: call(report_main, [str(run.parent), "--out", str(tmp_path / "report"),
+                                                    "--findings", str(findings)])}
+    for entry, function in calls.items():
+        code, out, err = function()
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and "is a link" in lines[0], (entry, code, err[-1000:])
+        assert snapshot(outside) == before, entry

@@ -135,6 +135,7 @@ class Setup:
         if error:
             raise ConfigError(error)
         fix = "restore the run from a copy, or train it again in a new hydra.run.dir"
+        folder.check_tree(run_dir)
         try:
             model_cfg = ModelConfig.from_dict(folder.read_json(run_dir, MODEL_FILE))
         except folder.FolderError:

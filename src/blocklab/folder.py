@@ -94,6 +94,17 @@ def check(root: Path, path: Path | str, want: str | None = None) -> Path:
     return root / rel
 
 
+def check_tree(root: Path) -> None:
+    """Refuses the first link or special file anywhere below `root` (walked without following links), so a command
+    on a crafted folder stops before any work rather than at the first file it happens to open."""
+    for current, dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(dirs + files):
+            mode = os.lstat(Path(current) / name).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise FolderError(f"{Path(current) / name} is {_kind(mode)}; BlockLab follows no link and reads no "
+                                  f"special file in a run folder: {FIX}")
+
+
 def exists(root: Path, path: Path | str) -> bool:
     """Whether anything stands at `root / path` (a link too: reading it is then refused, never followed)."""
     try:

@@ -36,7 +36,10 @@ def own_run_dir(run_dir: Path):
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """Finished results are never overwritten, damaged ones are refused, and the directory must take files."""
+    """Finished results are never overwritten, damaged ones are refused, no link or special file is followed, and
+    the directory must take files."""
+    if run_dir.exists():
+        folder.check_tree(run_dir)
     if previous_status(run_dir) in ("completed", "diverged"):
         raise ConfigError(f"{run_dir / RESULTS_FILE} already exists; choose a new hydra.run.dir (or run_dir) "
                           "so finished results are never overwritten")
