@@ -258,3 +258,39 @@ def test_a_folder_of_links_changes_nothing_outside_it(finished, tmp_path):
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and "is a link" in lines[0], (entry, code, err[-1000:])
         assert snapshot(outside) == before, entry
+
+
+# Issue 53's writers, each given a folder with a link planted where it writes: (entry, the planted path).
+PLANTED = [("resume", "model.json"), ("resume", "tokenizer.json"), ("resume", ".hydra"),
+           ("resume", "results.json.tmp"), ("resume", "checkpoints/last.ckpt.partial"), ("resume", ".lock"),
+           ("analyze", "diagnostics/analysis.json"), ("eval-scaling", "eval_scaling_none_1.json.tmp"),
+           ("eval-scaling", "eval_scaling_none_1.json"), ("report", "../report"), ("report", "../report/index.html")]
+
+
+@pytest.mark.parametrize("entry, planted", PLANTED)
+def test_a_link_planted_where_a_writer_writes_is_refused(finished, tmp_path, entry, planted):
+    """The writer refuses in one line naming the link, and the file the link points to is unchanged (before, a
+    results.json.tmp link made the atomic results write land on its target)."""
+    from blocklab.analyze import main as analyze_main
+    from blocklab.report.__main__ import main as report_main
+
+    run = fresh_copy(finished, "resume" if entry == "resume" else "analyze")
+    try:
+        target = tmp_path / "precious"
+        target.write_text("precious\n")
+        link = run / planted
+        if link.is_dir() and not link.is_symlink():
+            shutil.rmtree(link)
+        else:
+            link.unlink(missing_ok=True)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, link)
+        function = {"resume": lambda: resume(run), "analyze": lambda: analyze(run),
+                    "eval-scaling": lambda: call(analyze_main, [str(run), "--eval-scaling", "none"]),
+                    "report": lambda: call(report_main, [str(run.parent)])}[entry]
+        code, out, err = function()
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and "is a link" in lines[0], (code, err[-1000:])
+        assert target.read_text() == "precious\n"
+    finally:
+        shutil.rmtree(run.parents[1], ignore_errors=True)
