@@ -1,14 +1,27 @@
-"""Read every run of a sweep (or of a folder of sweeps) into flat rows."""
-import json
+"""Read every run of a sweep (or of a folder of sweeps) into flat rows.
+
+Everything under the folder may come from anyone: every file is read through blocklab.folder (no link below the
+folder followed, no special file, a size cap, YAML as data without aliases or interpolation), the walk follows no
+link, and a run whose lock another process holds (still training) is listed as running, its files not read."""
+import errno
+import os
 import re
+import stat
 from itertools import pairwise
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from blocklab import folder
 from blocklab.errors import ConfigError
+from blocklab.folder import FolderError
 from blocklab.paths import CONF_DIR
-from blocklab.results import RESULTS_FILE, flatten, swept_overrides
+from blocklab.results import RESULTS_FILE, SAVED_CONFIG, flatten, swept_overrides
+
+# The file a training run holds an flock on while it runs (blocklab.train.checks.LOCK_FILE, not imported: that
+# module imports Lightning).
+LOCK_FILE = ".lock"
+RUNNING = "running"  # a row's status for a run still training: its results are not read
 
 HIGHER_IS_BETTER = {"exact_match", "exact_match_given_length", "read_attention", "exact_match_in", "exact_match_out",
                     "token_acc", "token_acc_in", "tokens_per_s",
@@ -80,7 +93,7 @@ class UnreadableRun(ConfigError):
                          "or move the run's folder out of the sweep folder")
 
 
-STATUSES = ("completed", "diverged", "failed", "invalid")
+STATUSES = ("completed", "diverged", "failed", "invalid")  # what a results.json may say (RUNNING: only a row)
 
 
 def _number(value) -> bool:
@@ -144,22 +157,22 @@ def _series_ok(series: dict) -> bool:
 
 def load_run(run_dir: Path) -> dict:
     """A run's row; UnreadableRun (one line) where its results.json or saved config cannot be read: truncated, not
-    JSON, or JSON of another shape (a bit flip can leave it parseable)."""
+    JSON (NaN included: BlockLab writes null), or JSON of another shape (a bit flip can leave it parseable);
+    FolderError (one line) where either is a link, a special file or too large to be one."""
     path = run_dir / RESULTS_FILE
     try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        results = folder.read_json(run_dir, RESULTS_FILE)
+    except FolderError:
+        raise
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: not JSON, NaN, not UTF-8
         raise UnreadableRun(path, f"{type(err).__name__}: {err}") from None
     if (problem := _problems(results)) is not None:
         raise UnreadableRun(path, problem)
-    config_path = run_dir / ".hydra" / "config.yaml"
+    config = saved_config(run_dir)
     try:
-        config = OmegaConf.to_container(OmegaConf.load(config_path)) if config_path.exists() else {}
         row = _row(run_dir, results, config)
-    except Exception as err:  # noqa: BLE001 - any parser or shape error of an untrusted file is one line
-        if isinstance(err, UnreadableRun):
-            raise
-        raise UnreadableRun(config_path, f"{type(err).__name__}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - any shape error of an untrusted file is one line
+        raise UnreadableRun(run_dir / SAVED_CONFIG, f"{type(err).__name__}: {err}") from None
     try:
         row.update(_measured(results, row))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
@@ -167,6 +180,65 @@ def load_run(run_dir: Path) -> dict:
     if not all(_series_ok(row.get(f"layers_{when}") or {}) for when in ("init", "end")):
         raise UnreadableRun(path, "diagnostics holds a per-layer value that is not a number")
     return row
+
+
+def saved_config(run_dir: Path):
+    """The run's saved .hydra/config.yaml as plain data ({} where there is none), read through blocklab.folder:
+    no alias expanded, no interpolation resolved, a size cap. UnreadableRun or FolderError (one line) where it
+    cannot be read."""
+    if not folder.exists(run_dir, SAVED_CONFIG):
+        return {}
+    try:
+        text = folder.read_text(run_dir, SAVED_CONFIG)
+    except FolderError:
+        raise
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8
+        raise UnreadableRun(run_dir / SAVED_CONFIG, f"{type(err).__name__}: {err}") from None
+    try:
+        return folder.parse_yaml(text, "it")
+    except (ValueError, RecursionError) as err:  # not YAML, an alias, an interpolation, nested past any config
+        raise UnreadableRun(run_dir / SAVED_CONFIG, str(err) or type(err).__name__) from None
+
+
+def running_row(run_dir: Path) -> dict:
+    """A run another process holds the lock of (still training): status RUNNING, and what it is (study, task,
+    config) where its saved config reads; its results.json, which may be an earlier attempt's, is not read."""
+    row = {"run": str(run_dir), "status": RUNNING, "error": None}
+    try:
+        row.update(_row(run_dir, {"status": RUNNING}, saved_config(run_dir)))
+    except Exception:  # noqa: BLE001 - a config being written (Hydra's, before the run saves its own): no details
+        pass
+    return row
+
+
+def running(run_dir: Path) -> bool:
+    """Whether another process holds the flock on the run's lock file (blocklab.train.checks.own_run_dir): the run
+    is still training. A lock file nobody holds (a killed run's) is not a running run. No lock file is created: the
+    file is opened read-only, through no link, without waiting on a FIFO, and a shared lock is tried without
+    blocking and released at once."""
+    import fcntl  # POSIX only, as the lock is
+
+    if not folder.exists(run_dir, LOCK_FILE):
+        return False
+    path = folder.check(run_dir, LOCK_FILE, "file")  # a link or a special file: FolderError
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:  # the run ended meanwhile
+        return False
+    except OSError as err:
+        reason = "a link" if err.errno == errno.ELOOP else err.strerror
+        raise FolderError(f"{path} cannot be read ({reason}); {folder.FIX}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FolderError(f"{path} is not a regular file; {folder.FIX}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def _row(run_dir: Path, results: dict, config) -> dict:
@@ -229,25 +301,62 @@ def _measured(results: dict, row: dict) -> dict:
     return row
 
 
+def run_dirs(root: Path) -> list[Path]:
+    """Every run folder under root, in path order: a folder holding a results.json or a lock file (a run still
+    training has no results yet). The walk follows no link (W&B links `latest-run`; a run's files are read only
+    through its own folder) and skips the report itself."""
+    root, found, stack = Path(root), [], [Path(root)]
+    while stack:  # iterative: a folder nested thousands deep is no RecursionError
+        current = stack.pop()
+        try:
+            with os.scandir(current) as entries:
+                entries = list(entries)
+        except OSError as err:
+            if current == root:
+                raise FolderError(f"{root} cannot be read ({err.strerror}); give a sweep folder you can read") \
+                    from None
+            continue  # a folder of the sweep that cannot be listed holds no run the report can read
+        names = {entry.name for entry in entries}
+        rel = current.relative_to(root)
+        if (RESULTS_FILE in names or LOCK_FILE in names) and "report" not in (rel.parts[-2:] if rel.parts else ()):
+            found.append(current)
+        stack += [Path(entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
+    return sorted(found)
+
+
 def collect(root: Path) -> list[dict]:
-    """Every run under root (a sweep directory or a folder of them), skipping the report itself."""
-    return [load_run(p.parent) for p in sorted(Path(root).rglob(RESULTS_FILE)) if "report" not in p.parts[-3:-1]]
+    """Every run under root (a sweep directory or a folder of them), skipping the report itself; a run whose lock
+    another process holds is a RUNNING row."""
+    rows = []
+    for run_dir in run_dirs(root):
+        if running(run_dir):
+            rows.append(running_row(run_dir))
+        elif folder.exists(run_dir, RESULTS_FILE):  # a lock file alone: a killed run that wrote no results
+            rows.append(load_run(run_dir))
+    return rows
 
 
 def study_specs(root: Path, rows: list[dict]) -> dict[str, dict]:
-    """The `study` block of each sweep, from any of its runs' saved configs; what to draw (PRESENTATION) from the
-    sweep file as it is now, where one has the study's name, so finished runs show plots added since."""
+    """The `study` block of each sweep, from any of its finished runs' saved configs (a running run's only where
+    no other run has one, and only where it reads); what to draw (PRESENTATION) from the sweep file as it is now,
+    where one has the study's name, so finished runs show plots added since."""
     specs = {}
-    for row in rows:
+    for row in sorted(rows, key=lambda r: r.get("status") == RUNNING):
         name = row.get("study")
         if name and name not in specs:
-            path = Path(row["run"]) / ".hydra" / "config.yaml"
+            run_dir = Path(row["run"])
             try:
-                study = OmegaConf.to_container(OmegaConf.load(path))["study"]
+                study = saved_config(run_dir)["study"]
                 if not isinstance(study, dict):
                     raise ValueError("study is not a mapping")
-            except Exception as err:  # noqa: BLE001 - any parser or shape error of an untrusted file is one line
-                raise UnreadableRun(path, f"{type(err).__name__}: {err}") from None
+            except ConfigError:
+                if row.get("status") == RUNNING:
+                    continue
+                raise
+            except Exception as err:  # noqa: BLE001 - any shape error of an untrusted file is one line
+                if row.get("status") == RUNNING:
+                    continue
+                raise UnreadableRun(run_dir / SAVED_CONFIG, f"{type(err).__name__}: {err}") from None
             specs[name] = {**study, **_presentation(name)}
     return specs
 
@@ -256,6 +365,7 @@ PRESENTATION = ("plots", "bench", "verdict")  # how a study is shown and judged,
 
 
 def _presentation(name: str) -> dict:
+    """The packaged sweep file's presentation keys (the package's own config, not a folder's: read with OmegaConf)."""
     if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", name):  # `a/b`, `../x`: no sweep file of the package
         return {}
     path = CONF_DIR / "sweep" / f"{name}.yaml"
