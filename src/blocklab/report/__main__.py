@@ -1,11 +1,13 @@
-"""python -m blocklab.report SWEEP_DIR: writes SWEEP_DIR/report/{index.html, summary.csv, *.png}.
+"""python -m blocklab.report SWEEP_DIR: writes SWEEP_DIR/report/{index.html, summary.csv, *.png}, or, with --out
+DIR, the same files into DIR (a sweep folder that is read-only, or not yours to write in).
 With --findings DIR (docs/findings): also the sweep's findings page, its figure and its data (NAME.md, .png, .jsonl)
 and the index DIR/README.md; --findings DIR --rerender (no SWEEP_DIR): every page again from its committed data."""
 import argparse
 from pathlib import Path
 
 from blocklab.errors import ConfigError, exit_on
-from blocklab.report.collect import collect, study_specs
+from blocklab.report.collect import RUNNING, collect, study_specs
+from blocklab.report.output import Out
 from blocklab.startup import uncollected_imports
 
 
@@ -15,6 +17,8 @@ def main(argv=None) -> None:
     parser.add_argument("--bench", type=Path, action="append", default=[], metavar="FILE",
                         help="a JSON `python -m blocklab.bench --out FILE` wrote (repeatable); else the report reads "
                              "outputs/bench/NAME.json")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="write the report into DIR instead of SWEEP_DIR/report (for a read-only sweep folder)")
     parser.add_argument("--findings", type=Path, metavar="DIR",
                         help="also write the findings page, figure and data of each study here (docs/findings)")
     parser.add_argument("--rerender", action="store_true",
@@ -31,6 +35,7 @@ def main(argv=None) -> None:
     # Bad input: one line on stderr naming the problem and the fix, exit 2, before any file is written.
     if not args.sweep_dir.is_dir():
         exit_on(f"{args.sweep_dir} is not a directory; give the sweep's output folder, e.g. outputs/sweeps/pe_copy")
+    out = _out(args)
     try:
         rows = collect(args.sweep_dir)
     except ConfigError as err:  # a run's results.json or saved config that cannot be read (collect.UnreadableRun)
@@ -43,10 +48,14 @@ def main(argv=None) -> None:
     with uncollected_imports("blocklab.report.build"):  # torch, scipy, matplotlib: only once the input is good
         from blocklab.report.build import build_report
     try:
-        path = build_report(args.sweep_dir, rows, study_specs(args.sweep_dir, rows), args.bench)
+        path = build_report(args.sweep_dir, rows, study_specs(args.sweep_dir, rows), args.bench, out)
     except ConfigError as err:  # a study block or benchmark file the report cannot read (before any file is written)
         exit_on(str(err))
     print(f"wrote {path} ({len(rows)} runs)")
+    running = [Path(r["run"]).name for r in rows if r["status"] == RUNNING]
+    if running:
+        print(f"{len(running)} run(s) still training (their lock is held), shown as running and not read"
+              f"{'' if args.findings is None else ', nor in the findings'}: {', '.join(running)}")
     if args.findings is not None:
         from blocklab.report.findings import write_findings
 
@@ -57,9 +66,28 @@ def main(argv=None) -> None:
         print(f"wrote {', '.join(str(p) for p in written)}")
 
 
+def _out(args) -> Out:
+    """Where the report goes, checked before any work: no link planted at SWEEP/report or its files, and a folder
+    the user can write (a read-only sweep folder: one line that suggests --out)."""
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        exit_on(f"--out {args.out} is not a folder; give a folder for the report, e.g. --out /tmp/report")
+    out = Out.for_sweep(args.sweep_dir, args.out)
+    try:
+        out.check()
+    except ConfigError as err:
+        exit_on(f"{err}; or write the report elsewhere with --out DIR" if args.out is None else str(err))
+    if (blocked := out.unwritable()) is not None:
+        exit_on(f"{blocked} is read-only, so the report cannot be written to {out.path}; write it elsewhere with "
+                "--out DIR" if args.out is None else f"--out {args.out}: {blocked} is not writable; give a folder "
+                "you can write")
+    if args.findings is not None and (blocked := Out(args.findings).unwritable()) is not None:
+        exit_on(f"--findings {args.findings}: {blocked} is not writable; give a folder you can write")
+    return out
+
+
 def _rerender(args) -> None:
-    if args.findings is None or args.sweep_dir is not None:
-        exit_on("--rerender renders the committed pages again: give --findings DIR and no SWEEP_DIR")
+    if args.findings is None or args.sweep_dir is not None or args.out is not None:
+        exit_on("--rerender renders the committed pages again: give --findings DIR and no SWEEP_DIR (nor --out)")
     if not args.findings.is_dir():
         exit_on(f"--findings {args.findings} is not a folder; give the findings folder, e.g. docs/findings")
     with uncollected_imports("matplotlib"):

@@ -5,9 +5,16 @@ which command produces it.
 
 - attention: time and memory of one attention layer against n, fitted slopes (exercises 1.1, 1.13, 1.14);
 - positions: a training step's time per position scheme, RoPE / ALiBi / T5 / FIRE against none (exercise 1.8);
-- activations: one FFN's forward + backward per activation (exercise 1.9)."""
+- activations: one FFN's forward + backward per activation (exercise 1.9).
+
+The one exemption from blocklab.folder's reads: a benchmark's JSON is not a file of the sweep folder but the
+benchmark's own output, read by design from outputs/bench (under the working directory or under the `outputs`
+folder the sweep lies in) or from the file --bench names. Its figures are written, as every report file is, through
+blocklab.folder (report.output.Out)."""
 import io
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -17,9 +24,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from blocklab import folder  # noqa: E402
 from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.registry import Registry  # noqa: E402
 from blocklab.report import render  # noqa: E402
+from blocklab.report.output import Out  # noqa: E402
 from blocklab.report.render import Code, Figure, Items, Para, Table, cells, para  # noqa: E402
 
 BENCH_DIR = Path("outputs") / "bench"
@@ -30,7 +39,7 @@ class BenchSection:
     benchmark: str  # python -m blocklab.bench BENCHMARK
     title: str
     anchor: str  # the section's id
-    render: Callable[[dict, Path], render.Section]  # (the bench JSON, the report folder) -> the section
+    render: Callable[[dict, Out], render.Section]  # (the bench JSON, the report folder) -> the section
 
 
 BENCH_SECTIONS: Registry = Registry("study.bench")
@@ -42,10 +51,16 @@ def names(value) -> list[str]:
 
 
 def read(path: Path) -> dict:
-    """A bench JSON; one line naming the file and the fix where it is not one (truncated, not JSON, not ours)."""
+    """A bench JSON; one line naming the file and the fix where it is not one (truncated, not JSON, not ours).
+    Read by design from outside any sweep folder (outputs/bench, --bench FILE): the module docstring's exemption."""
     try:
+        info = os.stat(path)  # a link is followed (outputs/ may link another disk), but only to a regular file
+        if not stat.S_ISREG(info.st_mode) or info.st_size > folder.CAPS[".json"]:
+            raise ConfigError(f"{path}: not a benchmark results file (a special file, or over "
+                              f"{folder.CAPS['.json']:,} bytes); rerun python -m blocklab.bench, or pass another "
+                              "file with --bench")
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise ConfigError(f"{path}: unreadable benchmark results ({type(err).__name__}: {err}); delete it and rerun "
                           "python -m blocklab.bench, or pass another file with --bench") from None
     if not isinstance(data, dict) or not isinstance(data.get("benchmarks", {}), dict):
@@ -73,8 +88,8 @@ def load(name: str, root: Path, extra: list[Path] = ()) -> dict | None:
     return find(BENCH_SECTIONS[name].benchmark, root, extra)
 
 
-def section_data(name: str, data: dict | None, out: Path) -> render.Section:
-    entry = BENCH_SECTIONS[name]
+def section_data(name: str, data: dict | None, out: "Out | Path") -> render.Section:
+    entry, out = BENCH_SECTIONS[name], Out.of(out)
     if data is None:
         return render.Section(entry.anchor, entry.title, [para(
             "", "No benchmark results yet: run ", Code(f"python -m blocklab.bench {entry.benchmark}"),
@@ -88,7 +103,7 @@ def section_data(name: str, data: dict | None, out: Path) -> render.Section:
             f"({type(err).__name__}: {err}); rerun ", Code(f"python -m blocklab.bench {entry.benchmark}"), ".")])
 
 
-def section(name: str, root: Path, out: Path, extra: list[Path] = ()) -> str:
+def section(name: str, root: Path, out: "Out | Path", extra: list[Path] = ()) -> str:
     """A benchmark's section as HTML (see section_data)."""
     return render.section(section_data(name, load(name, root, extra), out))
 
@@ -97,12 +112,13 @@ def _table(header: list[str], body: list[list]) -> Table:
     return Table(cells(header), [cells(row) for row in body])
 
 
-def _figure(fig, alt: str, caption: str, path: Path | None) -> Figure:
+def _figure(fig, alt: str, caption: str, out: Out | None, name: str | None = None) -> Figure:
+    """The figure inlined in the page, and written as `name` in the report folder `out` (if given)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
-    if path is not None:
-        path.write_bytes(buffer.getvalue())
+    if out is not None and name is not None:
+        out.write_bytes(name, buffer.getvalue())
     return Figure(render.png_uri(buffer.getvalue()), alt, caption)
 
 
@@ -135,9 +151,9 @@ def _bars(labels: list[str], ms: list[float], ratios: list[float], ratio_name: s
     return fig
 
 
-def _attention_plot(result: dict, path: Path | None = None) -> bytes:
+def _attention_plot(result: dict, out: Out | None = None, name: str = "attention_costs.png") -> bytes:
     """Time and peak memory against n, log-log, one line per variant (dashed: dense work, dotted: the
-    explicit path), with grey n and n^2 guides; the PNG's bytes (also written to `path` if given)."""
+    explicit path), with grey n and n^2 guides; the PNG's bytes (also written as `name` in `out` if given)."""
     lengths = result["settings"]["lengths"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, unit in ((axes[0], "ms", "ms per forward + backward"), (axes[1], "peak_mb", "peak MB")):
@@ -161,12 +177,12 @@ def _attention_plot(result: dict, path: Path | None = None) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)
-    if path is not None:
-        path.write_bytes(buffer.getvalue())
+    if out is not None:
+        out.write_bytes(name, buffer.getvalue())
     return buffer.getvalue()
 
 
-def _attention(data: dict, out: Path) -> render.Section:
+def _attention(data: dict, out: Out) -> render.Section:
     result, machine = data["benchmarks"]["attention"], data.get("machine", {})
     settings, lengths = result["settings"], result["settings"]["lengths"]
     n, yes = lengths[-1], {True: "yes", False: "no", None: "–"}
@@ -186,7 +202,7 @@ def _attention(data: dict, out: Path) -> render.Section:
             for r in result["summary"]]
     blocks.append(_table(header, body))
     with matplotlib.rc_context({"text.parse_math": False}):  # variant names from the JSON: text, never mathtext
-        png = _attention_plot(result, out / "attention_costs.png")
+        png = _attention_plot(result, out, "attention_costs.png")
     blocks.append(Figure(render.png_uri(png), "attention cost curves", "time and peak memory against n (log-log); "
                          "dashed: a dense mask over full attention, dotted: the explicit path; grey: n and n² through "
                          "the first variant's first point"))
@@ -208,7 +224,7 @@ def _attention(data: dict, out: Path) -> render.Section:
     return render.Section("attention_costs", "attention costs", blocks)
 
 
-def _positions(data: dict, out: Path) -> render.Section:
+def _positions(data: dict, out: Out) -> render.Section:
     result = data["benchmarks"]["step"]
     rows = [r for r in result["rows"] if r["axis"] == "pos"]
     blocks = [Para("Question.", ("What does each position scheme cost in a training step, beside no position "
@@ -223,12 +239,12 @@ def _positions(data: dict, out: Path) -> render.Section:
     fig = _bars([r["variant"] for r in rows], [r["ms"] for r in rows], [r["vs_nope"] for r in rows], "× none",
                 "training step per position scheme")
     blocks.append(_figure(fig, "position scheme costs", "ms per training step; labels: time relative to pos=none",
-                          out / "position_costs.png"))
+                          out, "position_costs.png"))
     blocks += _targets(result, keep=lambda key: key.endswith("_vs_nope"))
     return render.Section("position_costs", "position scheme costs", blocks)
 
 
-def _activations(data: dict, out: Path) -> render.Section:
+def _activations(data: dict, out: Out) -> render.Section:
     result = data["benchmarks"]["activations"]
     rows = result["rows"]
     blocks = [Para("Question.", ("How fast is each FFN activation (exercise 1.9), plain and gated at the same "
@@ -239,7 +255,7 @@ def _activations(data: dict, out: Path) -> render.Section:
     fig = _bars([r["act"] for r in rows], [r["ms"] for r in rows], [r["vs_fastest"] for r in rows], "× fastest",
                 "one FFN, forward + backward")
     blocks.append(_figure(fig, "activation speed", "ms per FFN forward + backward; labels: time relative to the "
-                          "fastest", out / "activation_costs.png"))
+                          "fastest", out, "activation_costs.png"))
     blocks += _targets(result)
     return render.Section("activation_costs", "activation speed", blocks)
 

@@ -1,11 +1,13 @@
 """A sweep's report: per study, its question and budget, a table of the study's own metrics (mean over seeds and
 95% bootstrap interval), findings computed from the numbers (a winner only where the intervals are apart), a
 summary table in the layout of Narang et al. 2021, the length tables, the canonical plots with seed bands, and one
-self-contained HTML page (images inlined, opens offline). Every column goes to summary.csv."""
+self-contained HTML page (images inlined, opens offline). Every column goes to summary.csv.
+
+Every file is written through blocklab.folder (report.output.Out): SWEEP/report, or the folder --out names."""
 import csv
 import difflib
 import hashlib
-import json
+import io
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from blocklab import folder  # noqa: E402
 from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.registry import Registry  # noqa: E402
 from blocklab.report import length_gen, render, stats, tables  # noqa: E402
@@ -27,7 +30,9 @@ from blocklab.report.attention_maps import plot_attention_maps  # noqa: E402
 from blocklab.report.common import band as _band, group, keys as _keys, label as _label, legend as _legend  # noqa: E402
 from blocklab.report.common import WHEN, name as _name, not_recorded, order as _order, plot_errors  # noqa: E402
 from blocklab.report.common import short as _short, takes  # noqa: E402
-from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS, _count  # noqa: E402
+from blocklab.report.collect import HIGHER_IS_BETTER, LOWER_IS_BETTER, METRICS, RUNNING, UnreadableRun  # noqa: E402
+from blocklab.report.collect import _count  # noqa: E402
+from blocklab.report.output import Out  # noqa: E402
 from blocklab.report.per_head import plot_per_head  # noqa: E402
 from blocklab.report.spectral import plot_spectral_bounds  # noqa: E402
 from blocklab.report.render import Figure, Items, Para, Table, para  # noqa: E402
@@ -326,8 +331,15 @@ def _value(row: dict, name: str):
 
 @lru_cache(maxsize=4096)
 def _results(run: str) -> dict:
-    path = Path(run) / RESULTS_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
+    """The run's results.json, through blocklab.folder (collect read and checked it already)."""
+    if not folder.exists(run, RESULTS_FILE):
+        return {}
+    try:
+        return folder.read_json(run, RESULTS_FILE)
+    except (OSError, ValueError, RecursionError) as err:  # FolderError, a ConfigError, passes: one line too
+        if isinstance(err, ConfigError):
+            raise
+        raise UnreadableRun(Path(run) / RESULTS_FILE, f"{type(err).__name__}: {err}") from None
 
 
 def speed_caveat(rows: list[dict]) -> str | None:
@@ -357,10 +369,19 @@ def machine_caveat(rows: list[dict]) -> str | None:
 LINE_COLOURS = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]
 
 
-def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
-    """Draw one canonical plot; returns a sentence of what it shows, computed from the data."""
+def plot(rows: list[dict], spec: dict, path: Path | None = None) -> str | None:
+    """Draw one canonical plot (to `path`, through blocklab.folder, if given); returns a sentence of what it shows,
+    computed from the data."""
+    note, png = drawn(rows, spec)
+    if path is not None:
+        folder.write_bytes(Path(path).parent, Path(path).name, png)
+    return note
+
+
+def drawn(rows: list[dict], spec: dict) -> tuple[str | None, bytes]:
+    """One canonical plot: the sentence of what it shows, and the PNG's bytes."""
     with matplotlib.rc_context(PLAIN_TEXT):
-        return _plot(rows, spec, path)
+        return _plot(rows, spec)
 
 
 # Labels come from the folder (setting names, metrics): drawn as they are, never parsed as mathtext, where a stray
@@ -368,7 +389,7 @@ def plot(rows: list[dict], spec: dict, path: Path) -> str | None:
 PLAIN_TEXT = {"text.parse_math": False}
 
 
-def _plot(rows: list[dict], spec: dict, path: Path) -> str | None:
+def _plot(rows: list[dict], spec: dict) -> tuple[str | None, bytes]:
     kind, metric, by = spec["kind"], spec["metric"], _keys(spec.get("by", []))
     rows = _select(rows, spec.get("where"))
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -382,18 +403,26 @@ def _plot(rows: list[dict], spec: dict, path: Path) -> str | None:
     if not ax.get_ylabel():  # a kind may name its axis better than the metric's column does
         ax.set_ylabel(metric)
     ax.set_title(f"{metric} ({kind.replace('_', ' ')}{', ' + where if where else ''})", fontsize=10)
-    fig.savefig(path, dpi=90, bbox_inches="tight")  # tight: the legend beside the axes stays in the image
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")  # tight: the legend stays in the image
     plt.close(fig)
-    return f"{where}: {note}" if note and where else note
+    return (f"{where}: {note}" if note and where else note), buffer.getvalue()
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
+def csv_text(rows: list[dict]) -> str:
+    """Every column of every run, as summary.csv holds it."""
     columns = sorted({k for r in rows for k in r if k not in CSV_SKIP})
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: row.get(k) for k in columns})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: row.get(k) for k in columns})
+    return text.getvalue()
+
+
+def write_csv(rows: list[dict], out: "Out | Path") -> Path:
+    """summary.csv in the report folder `out`, built in memory, then written through blocklab.folder."""
+    return Out.of(out).write_text("summary.csv", csv_text(rows))
 
 
 def _swept(rows: list[dict]) -> dict[str, list]:
@@ -545,11 +574,13 @@ def file_stem(text: str) -> str:
     return safe if safe == text else f"{safe}-{hashlib.sha1(text.encode()).hexdigest()[:6]}"
 
 
-def section_data(name: str, spec: dict, rows: list[dict], out: Path) -> render.Section:
+def section_data(name: str, spec: dict, rows: list[dict], out: "Out | Path") -> render.Section:
     """A study's section, the answer first: the question; whether every setting learned its task (before any
     conclusion about one); what the numbers show and the figures that carry it; then the setup and the tables
-    the findings are read from; failed runs last."""
+    the findings are read from; failed runs, and runs still training, last. Figures go to `out`."""
+    out = Out.of(out)
     done = [r for r in rows if r["status"] in ("completed", "diverged")]
+    running = [r for r in rows if r["status"] == RUNNING]
     failed = [r for r in rows if r["status"] == "failed"]
     invalid = [r for r in rows if r["status"] == "invalid"]
     compare = _keys(spec.get("compare", []))
@@ -563,8 +594,10 @@ def section_data(name: str, spec: dict, rows: list[dict], out: Path) -> render.S
     head = [Para("Question.", (str(question if question is not None else ""),), "question")]
     swept = "; ".join(f"{k} ∈ {{{', '.join(v)}}}" for k, v in _swept(done).items())
     task = sorted({str(r.get("task.name")) for r in done})
+    still = f", {len(running)} still running" if running else ""
     setup.append(para("Setup.", f"{len(rows)} runs ({len(done)} finished, {len(failed)} failed, {len(invalid)} "
-                                f"invalid configurations not run); task {', '.join(task)}; swept: {swept or '–'}."))
+                                f"invalid configurations not run{still}); task {', '.join(task)}; swept: "
+                                f"{swept or '–'}."))
     if extra:
         setup.append(para("Also varied.", f"Runs of one {', '.join(_keys(spec.get('compare', []))) or 'setting'} "
                                           f"differ in {', '.join(extra)}, which the study does not compare: each "
@@ -577,12 +610,14 @@ def section_data(name: str, spec: dict, rows: list[dict], out: Path) -> render.S
         head += filter(None, [learning_note(prefix, keys, learned[prefix]) for prefix, _, keys in per_task])
         figures, notes = [], []
         for i, spec_plot in enumerate(spec.get("plots") or []):
-            path = out / f"{file_stem(name)}_{i}_{file_stem(str(spec_plot['metric']))}.png"
+            path = Path(f"{file_stem(name)}_{i}_{file_stem(str(spec_plot['metric']))}.png")
             if extra:
                 spec_plot = {**spec_plot, "by": [k for k in _with_keys(spec_plot.get("by", []), extra)
                                                   if k != spec_plot.get("x")]}
-            notes.append(plot(done, spec_plot, path))
-            figures.append(Figure(render.png_uri(path.read_bytes()), path.stem, path.name))
+            note, png = drawn(done, spec_plot)
+            out.write_bytes(path.name, png)
+            notes.append(note)
+            figures.append(Figure(render.png_uri(png), path.stem, path.name))
         shown = []
         for prefix, subset, keys in per_task:
             for metric in metrics:
@@ -624,13 +659,15 @@ def section_data(name: str, spec: dict, rows: list[dict], out: Path) -> render.S
             if reach:
                 lead, text, header, body = reach
                 tables_ += [para(prefix + lead, text), Table(header, body, "reach")]
-    for title, runs in (("Failed runs.", failed), ("Invalid configurations (not run).", invalid)):
+    for title, runs in (("Failed runs.", failed), ("Invalid configurations (not run).", invalid),
+                        ("Still running (their lock is held: not read; report again when they finish).", running)):
         if runs:
-            failures += [para(title), Items([f"{Path(r['run']).name}: {r.get('error')}" for r in runs])]
+            failures += [para(title), Items([Path(r["run"]).name + ("" if r["status"] == RUNNING else
+                                                                    f": {r.get('error')}") for r in runs])]
     return render.Section(name, name, [*head, *answer, *setup, *tables_, *failures])
 
 
-def section(name: str, spec: dict, rows: list[dict], out: Path) -> str:
+def section(name: str, spec: dict, rows: list[dict], out: "Out | Path") -> str:
     """A study's section as HTML (see section_data)."""
     return render.section(section_data(name, spec, rows, out))
 
@@ -650,9 +687,11 @@ def check_plots(spec: dict) -> None:
         raise ConfigError("\n".join(errors))
 
 
-def build_report(root: Path, rows: list[dict], specs: dict[str, dict], bench_files: list[Path] = ()) -> Path:
-    """bench_files: JSON files `python -m blocklab.bench --out` wrote, searched first for the studies' `bench`."""
-    out = root / "report"
+def build_report(root: Path, rows: list[dict], specs: dict[str, dict], bench_files: list[Path] = (),
+                 out: Out | None = None) -> Path:
+    """The report of the sweep folder `root`, written to `out` (default: root/report, checked from root);
+    bench_files: JSON files `python -m blocklab.bench --out` wrote, searched first for the studies' `bench`."""
+    out = out or Out.for_sweep(root)
     by_study = defaultdict(list)
     for row in rows:
         by_study[row.get("study") or "runs"].append(row)
@@ -670,8 +709,9 @@ def build_report(root: Path, rows: list[dict], specs: dict[str, dict], bench_fil
             raise ConfigError("\n".join(benches.BENCH_SECTIONS.unknown(b) for b in bad))
     wanted = dict.fromkeys(b for name in sorted(specs) for b in benches.names(specs[name].get("bench")))
     found = {bench: benches.load(bench, root, list(bench_files)) for bench in wanted}  # unreadable: fails here
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, out / "summary.csv")
+    out.check()  # a link planted at the report folder or its files: one line, nothing written
+    out.make()
+    write_csv(rows, out)
     sections = [section_data(name, specs.get(name, {}), members, out) for name, members in sorted(by_study.items())]
     # a study that weighs quality against cost: the side-by-side benchmark beside it
     sections += [benches.section_data(bench, found[bench], out) for bench in wanted]
@@ -680,5 +720,4 @@ def build_report(root: Path, rows: list[dict], specs: dict[str, dict], bench_fil
              "Tables give the mean over seeds with its 95% bootstrap confidence interval (or ± the standard "
              "deviation where marked); every column of every run is in summary.csv.")
     page = render.page(f"BlockLab report: {root.name}", intro, sections)
-    (out / "index.html").write_text(page, encoding="utf-8")
-    return out / "index.html"
+    return out.write_text("index.html", page)
