@@ -4,18 +4,28 @@ heads, first probe example; diagnostics.attention_maps=end), one row per setting
 attention entropy and mean |query - key| distance per layer, over the answer's queries where the diagnostics
 recorded them (else over every query), at the first and the last `when`.
 
-Study spec: {kind: attention_maps, metric: attention_maps, by: task, when: [init, end]}."""
-import json
+Study spec: {kind: attention_maps, metric: attention_maps, by: task, when: [init, end]}.
+
+The PNGs are named by the run's results.json, which may come from anyone: a recorded path is taken only where it
+resolves inside that run's folder through no link (blocklab.folder.inside), is read through blocklab.folder, and is
+drawn only if it is a PNG of a sane size; any other is left out, and the note says so."""
+import io
+import os
+import struct
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.image import imread
 
+from blocklab import folder
+from blocklab.errors import ConfigError
 from blocklab.report.common import WHEN, takes
 from blocklab.results import RESULTS_FILE
 from blocklab.schema import Spec
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_PIXELS = 25_000_000  # a 12-layer grid of 32 heads is about 15 million pixels; more is not a saved map
 SAVED_DPI = 100  # analysis/plots.save: the saved figures' pixels per inch
 MAX_WIDTH = 24.0  # inches for a whole row of figures (32 heads side by side would be 62)
 
@@ -29,14 +39,42 @@ class _Whens(Spec):
         return bool(values) and all(WHEN.accepts(v) for v in values)
 
 
-def _maps(run: str, when: str) -> Path | None:
-    """The heatmap PNG a run's diagnostics saved at `when`, if any."""
-    path = Path(run) / RESULTS_FILE
-    if not path.exists():
+def _maps(run: str, when: str, skipped: list[str]):
+    """The heatmap a run's diagnostics saved at `when`, decoded (None if none). A recorded path that leaves the run
+    folder, passes a link, or names no PNG is left out and named in `skipped`."""
+    try:
+        results = folder.read_json(run, RESULTS_FILE) if folder.exists(run, RESULTS_FILE) else {}
+    except (ConfigError, OSError, ValueError, RecursionError):  # collect refused it already, or it changed since
         return None
-    measurement = ((json.loads(path.read_text()).get("diagnostics") or {}).get(when)) or {}
-    saved = [Path(run) / p for p in measurement.get("attention_maps") or []]
-    return next((p for p in saved if p.exists()), None)
+    diagnostics = results.get("diagnostics") if isinstance(results, dict) else None
+    measurement = (diagnostics.get(when) if isinstance(diagnostics, dict) else None) or {}
+    recorded = measurement.get("attention_maps") if isinstance(measurement, dict) else None
+    for path in recorded if isinstance(recorded, list) else []:
+        name = f"{Path(run).name}: {str(path)[:80]!r}"
+        inside = folder.inside(run, path) if isinstance(path, str) and path else None
+        if inside is None:  # outside the run's folder, through a link, or a special file
+            skipped.append(f"{name} (not a file inside the run's folder)")
+            continue
+        if not os.path.lexists(inside):  # deleted since: nothing to show
+            continue
+        try:
+            return _decoded(folder.read_bytes(run, path))
+        except (ConfigError, OSError, ValueError) as err:
+            skipped.append(f"{name} ({' '.join(str(err).split())[:120]})")
+    return None
+
+
+def _decoded(data: bytes):
+    """A PNG's pixels; ValueError (one line) where the bytes are not a PNG of a sane size."""
+    if not data.startswith(PNG_SIGNATURE) or data[12:16] != b"IHDR" or len(data) < 24:
+        raise ValueError("not a PNG")
+    width, height = struct.unpack(">II", data[16:24])
+    if width * height > MAX_PIXELS:
+        raise ValueError(f"a PNG of {width} x {height} pixels, more than a saved map has")
+    try:
+        return imread(io.BytesIO(data), format="png")
+    except Exception as err:  # noqa: BLE001 - a damaged PNG: Pillow raises many kinds
+        raise ValueError(f"a damaged PNG ({type(err).__name__})") from None
 
 
 def _per_layer(members: list[dict], when: str, metric: str) -> list[float] | None:
@@ -68,17 +106,18 @@ def plot_attention_maps(ax, rows: list[dict], spec: dict, metric: str, by: list[
     groups = defaultdict(list)
     for row in rows:
         groups[tuple(str(row.get(k)) for k in by)].append(row)
-    shown = []  # (label, seed, [png or None per when], members)
+    shown, skipped = [], []  # (label, seed, [image or None per when], members); maps left out
     for key, members in sorted(groups.items()):
         first = min(members, key=lambda m: (m.get("seed") is None, m.get("seed") or 0))
         shown.append((", ".join(f"{k}={v}" for k, v in zip(by, key)), first.get("seed"),
-                      [_maps(first["run"], w) for w in whens], members))
+                      [_maps(first["run"], w, skipped) for w in whens], members))
     fig = ax.figure
     ax.set_visible(False)  # kept, hidden: the report still titles and labels it
-    if not any(p for *_, pngs, _ in shown for p in pngs):
+    left_out = (f" Left out, as results.json names them: {'; '.join(skipped)}." if skipped else "")
+    if not any(p is not None for *_, images, _ in shown for p in images):
         fig.text(0.5, 0.5, "no attention maps saved: run with diagnostics.attention_maps=end", ha="center")
-        return None
-    images = [[imread(p) if p else None for p in pngs] for *_, pngs, _ in shown]
+        return left_out.strip() or None
+    images = [images for *_, images, _ in shown]
     # Each saved figure at its own size (more heads: wider), within MAX_WIDTH: a 32-head grid stays readable
     # beside a 1-head one instead of being shrunk to the first figure's shape.
     sizes = [[im.shape[:2] if im is not None else (0, 0) for im in row] for row in images]
@@ -98,4 +137,4 @@ def plot_attention_maps(ax, rows: list[dict], spec: dict, metric: str, by: list[
             else:
                 cell.imshow(image)
     return " ".join(f"{label}: {_numbers(members, whens)} (mean over heads and {len(members)} runs)."
-                    for label, _, _, members in shown)
+                    for label, _, _, members in shown) + left_out
