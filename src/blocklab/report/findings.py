@@ -11,7 +11,10 @@ cannot drift from its data (tests/test_findings.py fails on any difference). A s
 page whose first line says it is not measured yet, built from its sweep file alone: no number is invented.
 
 Everything read from a run or a sweep folder is untrusted: it reaches the Markdown only through the `md` escape
-(or as a code span fenced longer than any backtick run in it), never as markup."""
+(or as a code span fenced longer than any backtick run in it), never as markup. Runs' results.json are read through
+blocklab.folder; the findings folder is the user's own (--findings OUT), and is read and written through
+blocklab.folder with OUT as the root, so a link planted below OUT is refused, never followed. A run still training
+(its lock held) is left out."""
 import datetime
 import glob
 import io
@@ -24,12 +27,13 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from blocklab import study_folder
+from blocklab import folder, study_folder
 from blocklab.errors import ConfigError
 from blocklab.hardware import source_commit
 from blocklab.paths import CONF_DIR
 from blocklab.report import stats
 from blocklab.report.build import _direction, _value, beyond_training, learning, learning_note, metrics_spec
+from blocklab.report.collect import RUNNING, UnreadableRun
 from blocklab.report.common import group, name as setting_name, order
 from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, working
 from blocklab.results import LEARNED_THRESHOLD, RESULTS_FILE, swept_overrides
@@ -139,14 +143,35 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
             "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
 
 
+def _scale_error(name: str, scale) -> str | None:
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0:
+        return None
+    return (f"study.scale={str(scale)[:60]!r} of study {name} (saved in its runs' .hydra/config.yaml) is not a number "
+            "> 0; it is the scale the sweep ran at (study.scale=4): correct it there, or move those runs out of the "
+            "sweep folder")
+
+
+def _results(run: str) -> dict:
+    """A run's results.json, through blocklab.folder; one line where it cannot be read."""
+    try:
+        return folder.read_json(run, RESULTS_FILE)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, RecursionError) as err:
+        raise UnreadableRun(Path(run) / RESULTS_FILE, f"{type(err).__name__}: {err}") from None
+
+
 def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], out: Path) -> list[Path]:
     """Per study in the folder: its jsonl, page and figure under `out`; then the index. Raises ConfigError (one
-    line) for a study name that cannot name a file, before anything is written."""
+    line) for a study name that cannot name a file, or a scale that is not one, before anything is written. Runs
+    still training are left out."""
     plans = []
     for name, study in specs.items():
         if not (isinstance(name, str) and SAFE_NAME.fullmatch(name)):
             raise ConfigError(f"study.name={str(name)[:60]!r} cannot name a findings page; use letters, digits, _ - .")
-        members = [r for r in rows if r.get("study") == name]
+        if error := _scale_error(name, study.get("scale", 1)):
+            raise ConfigError(error)
+        members = [r for r in rows if r.get("study") == name and r.get("status") != RUNNING]
         keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
         metrics = metrics_spec(study.get("metrics"), members)
         verdict = study.get("verdict") or {}
@@ -155,23 +180,21 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
             if isinstance(claim, dict) and isinstance(claim.get("metric"), str) and claim["metric"] not in metrics:
                 metrics = [*metrics, claim["metric"]]
         plans.append((name, study, members, keys, metrics))
-    out.mkdir(parents=True, exist_ok=True)
+    folder.make_dirs(out)
     written = []
     for name, study, members, keys, metrics in plans:
-        results = [json.loads((Path(r["run"]) / RESULTS_FILE).read_text(encoding="utf-8")) for r in members]
+        results = [_results(r["run"]) for r in members]
         records = [job_record(r, res, keys, metrics) for r, res in zip(members, results)]
         records.sort(key=lambda j: (tuple(order(v) for v in j["setting"].values()), order(j["seed"]), j["job"]))
         extra = _planned([str(j["setting"].get("modification")) for j in records
                           if j.get("status") == "completed"]) if "modification" in keys else {}
         meta = meta_record(name, study, members, results, extra)
         stem = meta["sweep"]
-        data = out / f"{stem}.jsonl"
-        data.write_text("".join(json.dumps(x, sort_keys=True, allow_nan=False) + "\n" for x in [meta, *records]),
-                        encoding="utf-8")
+        data = folder.write_text(out, f"{stem}.jsonl", "".join(json.dumps(x, sort_keys=True, allow_nan=False) + "\n"
+                                                                 for x in [meta, *records]))
         written += write_page(data)
-        if (base := out / f"{name}.jsonl") != data and base.exists():  # the 1x page shows this scale's verdict too
-            (page := base.with_suffix(".md")).write_text(page_text(base), encoding="utf-8")
-            written.append(page)
+        if (base := out / f"{name}.jsonl") != data and folder.exists(out, base.name):  # the 1x page: this verdict too
+            written.append(folder.write_text(out, f"{name}.md", page_text(base)))
     written.append(write_index(out))
     return written
 
@@ -189,8 +212,8 @@ def _planned(measured: list[str]) -> dict:
 def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
     """A findings file: its header and its jobs. ConfigError (one line) where it is not one."""
     try:
-        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        lines = [json.loads(line) for line in folder.read_text(path.parent, path.name).splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # FolderError: its own line
         raise ConfigError(f"{path}: unreadable ({type(err).__name__}); regenerate it with python -m blocklab.report "
                           "SWEEP_DIR --findings docs/findings") from None
     if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
@@ -456,7 +479,7 @@ def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[d
 
 
 def sweep_study(name: str) -> dict:
-    """A sweep file's study block, unresolved (interpolations stay text)."""
+    """A sweep file's study block, unresolved (interpolations stay text): the package's own config, not a folder's."""
     from omegaconf import OmegaConf
 
     study = OmegaConf.load(SWEEPS / f"{name}.yaml").get("study") or {}
@@ -580,24 +603,23 @@ def _against(ax, keys: list[str], groups, metric: str, x_metric: str) -> None:
 
 # ---------------------------------------------------------------- writing and re-rendering
 def write_page(data: Path) -> list[Path]:
-    """The page and figure of one findings file, beside it."""
+    """The page and figure of one findings file, beside it (through blocklab.folder, its folder the root)."""
     meta, jobs = read_jsonl(data)
     png = draw(meta, jobs)
     written = []
     figure = None
     if png is not None:
-        (path := data.with_suffix(".png")).write_bytes(png)
-        written.append(path)
-        figure = path.name
-    (page := data.with_suffix(".md")).write_text(render_page(meta, jobs, figure, other_scales(data, meta)),
-                                                 encoding="utf-8")
+        written.append(folder.write_bytes(data.parent, data.with_suffix(".png").name, png))
+        figure = written[0].name
+    page = folder.write_text(data.parent, data.with_suffix(".md").name,
+                             render_page(meta, jobs, figure, other_scales(data, meta)))
     return [data, page, *written]
 
 
 def page_text(data: Path) -> str:
     """A measured page as its data renders it now, with the figure already beside it (if any)."""
     meta, jobs = read_jsonl(data)
-    figure = data.with_suffix(".png").name if data.with_suffix(".png").exists() else None
+    figure = data.with_suffix(".png").name if folder.exists(data.parent, data.with_suffix(".png").name) else None
     return render_page(meta, jobs, figure, other_scales(data, meta))
 
 
@@ -616,27 +638,30 @@ def expected(out: Path) -> dict[Path, str]:
     return pages
 
 
+def _differs(out: Path, name: str, content: bytes) -> bool:
+    return not folder.exists(out, name) or folder.read_bytes(out, name) != content
+
+
 def rerender(out: Path, figures: bool = True) -> list[Path]:
-    """Write every page (and figure) again from its data; the paths whose content changed."""
+    """Write every page (and figure) again from its data; the paths whose content changed. Every file is read and
+    written through blocklab.folder, `out` the root."""
     changed = []
     for data in sorted(out.glob("*.jsonl")) if figures else []:
         meta, jobs = read_jsonl(data)
-        png, path = draw(meta, jobs), data.with_suffix(".png")
-        if png is not None and (not path.exists() or path.read_bytes() != png):
-            path.write_bytes(png)
-            changed.append(path)
+        png, name = draw(meta, jobs), data.with_suffix(".png").name
+        if png is not None and _differs(out, name, png):
+            changed.append(folder.write_bytes(out, name, png))
     for path, text in expected(out).items():
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-            changed.append(path)
+        if _differs(out, path.name, text.encode("utf-8")):
+            changed.append(folder.write_text(out, path.name, text))
     return changed
 
 
 def write_index(out: Path) -> Path:
-    (path := out / "README.md").write_text(render_index(out), encoding="utf-8")
+    path = folder.write_text(out, "README.md", render_index(out))
     for name in sweep_names():  # a sweep without its page gets the unmeasured one
-        if not (out / f"{name}.md").exists():
-            (out / f"{name}.md").write_text(render_unmeasured(name), encoding="utf-8")
+        if not folder.exists(out, f"{name}.md"):
+            folder.write_text(out, f"{name}.md", render_unmeasured(name))
     return path
 
 
@@ -651,7 +676,7 @@ def index_rows(out: Path) -> list[dict]:
     rows = []
     for stem in sorted(stems):
         data = out / f"{stem}.jsonl"
-        if data.exists():
+        if folder.exists(out, data.name):
             meta, jobs = read_jsonl(data)
             outcome, verdict = judge(meta, jobs)
             study = _study_line(meta["study"])
