@@ -302,8 +302,8 @@ def _measured(results: dict, row: dict) -> dict:
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """Every run folder under root, in path order: a folder holding a results.json or a lock file (a run still
-    training has no results yet). The walk follows no link (W&B links `latest-run`; a run's files are read only
+    """Every run folder under root, in path order: a folder holding a results.json, or a lock file beside its saved
+    config (a run still training has no results yet). The walk follows no link (W&B links `latest-run`; a run's files are read only
     through its own folder) and skips the report itself."""
     root, found, stack = Path(root), [], [Path(root)]
     while stack:  # iterative: a folder nested thousands deep is no RecursionError
@@ -318,7 +318,8 @@ def run_dirs(root: Path) -> list[Path]:
             continue  # a folder of the sweep that cannot be listed holds no run the report can read
         names = {entry.name for entry in entries}
         rel = current.relative_to(root)
-        if (RESULTS_FILE in names or LOCK_FILE in names) and "report" not in (rel.parts[-2:] if rel.parts else ()):
+        run = RESULTS_FILE in names or (LOCK_FILE in names and ".hydra" in names)  # another tool's .lock: no run
+        if run and "report" not in (rel.parts[-2:] if rel.parts else ()):
             found.append(current)
         stack += [Path(entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
     return sorted(found)
