@@ -2,11 +2,10 @@
 
 Everything under the folder may come from anyone: every file is read through blocklab.folder (no link below the
 folder followed, no special file, a size cap, YAML as data without aliases or interpolation), the walk follows no
-link, and a run whose lock another process holds (still training) is listed as running, its files not read."""
-import errno
+link, and a run whose lock another process holds (folder.is_locked: still training) is listed as running, its files
+not read. No lock file is created or taken away."""
 import os
 import re
-import stat
 from itertools import pairwise
 from pathlib import Path
 
@@ -18,9 +17,6 @@ from blocklab.folder import FolderError
 from blocklab.paths import CONF_DIR
 from blocklab.results import RESULTS_FILE, SAVED_CONFIG, flatten, swept_overrides
 
-# The file a training run holds an flock on while it runs (blocklab.train.checks.LOCK_FILE, not imported: that
-# module imports Lightning).
-LOCK_FILE = ".lock"
 RUNNING = "running"  # a row's status for a run still training: its results are not read
 
 HIGHER_IS_BETTER = {"exact_match", "exact_match_given_length", "read_attention", "exact_match_in", "exact_match_out",
@@ -211,36 +207,6 @@ def running_row(run_dir: Path) -> dict:
     return row
 
 
-def running(run_dir: Path) -> bool:
-    """Whether another process holds the flock on the run's lock file (blocklab.train.checks.own_run_dir): the run
-    is still training. A lock file nobody holds (a killed run's) is not a running run. No lock file is created: the
-    file is opened read-only, through no link, without waiting on a FIFO, and a shared lock is tried without
-    blocking and released at once."""
-    import fcntl  # POSIX only, as the lock is
-
-    if not folder.exists(run_dir, LOCK_FILE):
-        return False
-    path = folder.check(run_dir, LOCK_FILE, "file")  # a link or a special file: FolderError
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:  # the run ended meanwhile
-        return False
-    except OSError as err:
-        reason = "a link" if err.errno == errno.ELOOP else err.strerror
-        raise FolderError(f"{path} cannot be read ({reason}); {folder.FIX}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise FolderError(f"{path} is not a regular file; {folder.FIX}")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
 def _row(run_dir: Path, results: dict, config) -> dict:
     """What the run is: its config flattened, study, task, overrides and choices."""
     if not isinstance(config, dict):
@@ -302,9 +268,9 @@ def _measured(results: dict, row: dict) -> dict:
 
 
 def run_dirs(root: Path) -> list[Path]:
-    """Every run folder under root, in path order: a folder holding a results.json, or a lock file beside its saved
-    config (a run still training has no results yet). The walk follows no link (W&B links `latest-run`; a run's files are read only
-    through its own folder) and skips the report itself."""
+    """Every run folder under root, in path order: a folder holding a results.json, or a lock file beside its
+    saved config (a run still training has no results yet). The walk follows no link (W&B links `latest-run`; a
+    run's files are read only through its own folder) and skips the report itself."""
     root, found, stack = Path(root), [], [Path(root)]
     while stack:  # iterative: a folder nested thousands deep is no RecursionError
         current = stack.pop()
@@ -318,7 +284,7 @@ def run_dirs(root: Path) -> list[Path]:
             continue  # a folder of the sweep that cannot be listed holds no run the report can read
         names = {entry.name for entry in entries}
         rel = current.relative_to(root)
-        run = RESULTS_FILE in names or (LOCK_FILE in names and ".hydra" in names)  # another tool's .lock: no run
+        run = RESULTS_FILE in names or (folder.LOCK_FILE in names and ".hydra" in names)  # not another tool's
         if run and "report" not in (rel.parts[-2:] if rel.parts else ()):
             found.append(current)
         stack += [Path(entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
@@ -330,7 +296,7 @@ def collect(root: Path) -> list[dict]:
     another process holds is a RUNNING row."""
     rows = []
     for run_dir in run_dirs(root):
-        if running(run_dir):
+        if folder.is_locked(run_dir):  # its flock held (train.checks.own_run_dir): still training
             rows.append(running_row(run_dir))
         elif folder.exists(run_dir, RESULTS_FILE):  # a lock file alone: a killed run that wrote no results
             rows.append(load_run(run_dir))
