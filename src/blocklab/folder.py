@@ -37,6 +37,8 @@ CHECKPOINT_BYTES_PER_PARAMETER, CHECKPOINT_SLACK = 3 * 8, 64 * MiB
 # Where the model's size is not known yet: what a model that fits this project's machines can hold.
 MAX_CHECKPOINT = 8 * 2**30
 FIX = "replace it with the run's own file, or use another folder"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 
 
 class FolderError(RunFolderError):
@@ -227,6 +229,7 @@ def write_bytes(root: Path, path: Path | str, data: bytes | memoryview, durable:
     make_dirs(root, relative(root, path).parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{full.name}.", suffix=".tmp", dir=full.parent)  # O_EXCL | O_NOFOLLOW
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # as open() would create it: mkstemp's 0600 would hide a shared page
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             if durable:

@@ -422,7 +422,8 @@ def csv_text(rows: list[dict]) -> str:
 
 def write_csv(rows: list[dict], out: "Out | Path") -> Path:
     """summary.csv in the report folder `out`, built in memory, then written through blocklab.folder."""
-    return Out.of(out).write_text("summary.csv", csv_text(rows))
+    out = Out.of(out)
+    return out.write_text("summary.csv", csv_text(rows))
 
 
 def _swept(rows: list[dict]) -> dict[str, list]:
