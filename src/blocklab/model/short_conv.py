@@ -2,8 +2,7 @@
 self-attention layer, whatever its kind (MHA included), as Based (Arora et al. 2024, sec. 4: short convolutions
 beside linear attention) and Canon layers (Allen-Zhu 2025, "Physics of Language Models: Part 4.1": a causal
 convolution of width 4 mixing each token with the few before it, added to its input) place it. Each channel of the
-stacked q/k/v projection is mixed with its own K-1 predecessors and added back (the Canon residual, so the layer
-starts near the attention without it):
+stacked q/k/v projection is mixed with its own K-1 predecessors and added back (the Canon residual):
 
     y_t = x_t + sum_{j=0}^{K-1} w_j * x_{t-j},    x_{t-j} = 0 before the first token and at padding.
 
@@ -34,7 +33,9 @@ class ShortConv(nn.Module):
         super().__init__()
         self.width = width
         self.weight = nn.Parameter(torch.empty(channels, 1, width))
-        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)  # nn.Conv1d's own init
+        # nn.Conv1d's own init, U(-1/sqrt(K), 1/sqrt(K)): +-0.5 at K=4. So the layer does not start as the identity:
+        # each channel starts as itself plus a random mix of its K-1 predecessors of about its own size.
+        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
 
     def forward(self, x: Tensor, valid: Tensor | None = None, state: ConvState | None = None) -> Tensor:
         """x (B, T, channels) of the new tokens; valid (B, T) False at padding; state: what decoding held."""
