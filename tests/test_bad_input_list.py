@@ -249,6 +249,7 @@ CASES = [
     ('command', '-m norm=pre_ln,post_layernorm'),
     ('command', '-m pos=glob(xx*)'),
     ('command', '+model.d_model=32'),
+    ('command', '-m attn=gla,mha attn.gate_rank=8'),
 ]
 
 # One or more of each group, in the default run.

@@ -230,9 +230,11 @@ def _check_option(group: str, value: str, options: list[str], key: str | None = 
                         key=key)
 
 
-def _compose(overrides: list[str]) -> DictConfig:
+def _compose(overrides: list[str], hydra_keys: bool = True) -> DictConfig:
+    """The composed config, or OverrideError with the one line for why Hydra cannot compose it. `hydra_keys`:
+    with Hydra's own keys (a job's config as the run sees it has none)."""
     try:
-        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_keys)
     except MissingConfigException as err:  # an option that a config's own defaults list names
         if err.options is not None and err.missing_cfg_file is not None:
             group, _, value = err.missing_cfg_file.rpartition("/")
@@ -298,6 +300,12 @@ def _one_line(message: str) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
+def compose_job(overrides: list[str]) -> DictConfig:
+    """One sweep job's config without Hydra's keys (inside initialize_config_dir), or OverrideError: the one
+    line for why Hydra cannot compose it (a key its options do not have)."""
+    return _compose(overrides, hydra_keys=False)
+
+
 def job_dirname(overrides: list[str], naming) -> str:
     """The folder name Hydra gives a sweep job with these overrides (hydra.job.override_dirname), under the
     naming settings `naming` (hydra.job.config.override_dirname)."""
@@ -313,8 +321,14 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     parsed = _parse(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         loader = _loader_with_search_path(parsed)
-        plain = [o.input_line for o in parsed if not o.is_sweep_override()]
-        params = _compose(plain).hydra.sweeper.params or {}
+        plain = [o for o in parsed if not o.is_sweep_override()]
+        try:
+            params = _compose([o.input_line for o in plain]).hydra.sweeper.params or {}
+        except OverrideError:  # a key only some swept options have (-m attn=gla,mha attn.gate_rank=8): the
+            # sweeper's params come from the sweep file and Hydra's keys, which the groups and hydra.* set alone
+            chosen = [o.input_line for o in plain if o.is_hydra_override() or "." not in o.key_or_group
+                      and loader.repository.group_exists(o.key_or_group)]
+            params = _compose(chosen).hydra.sweeper.params or {}
         lines = [f"{key}={value}" for key, value in params.items()] + list(overrides)
         swept = OverridesParser.create(config_loader=loader).parse_overrides(lines)
         return [list(job) for batch in BasicSweeper.split_arguments(swept, max_batch_size=None) for job in batch]
