@@ -147,6 +147,8 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
         if not (isinstance(name, str) and SAFE_NAME.fullmatch(name)):
             raise ConfigError(f"study.name={str(name)[:60]!r} cannot name a findings page; use letters, digits, _ - .")
         members = [r for r in rows if r.get("study") == name]
+        if error := study_error(name, study, members):
+            raise ConfigError(error)
         keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
         metrics = metrics_spec(study.get("metrics"), members)
         verdict = study.get("verdict") or {}
@@ -174,6 +176,23 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
             written.append(page)
     written.append(write_index(out))
     return written
+
+
+def study_error(name: str, study: dict, members: list[dict]) -> str | None:
+    """The one line for a study block (from a run's saved config) no findings page can be written for: a scale
+    that is not a positive number names no page (study_folder). Checked before any file is written."""
+    scale = study.get("scale", 1)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0:
+        return None
+    where = f" (in {Path(members[0]['run']) / '.hydra' / 'config.yaml'})" if members else ""
+    return (f"study.scale={str(scale)[:40]!r} of study {str(name)[:60]}{where} must be a positive number (1: the "
+            "sweep file's size), or no findings page can be named for it; fix the value or move that run away")
+
+
+def studies_error(rows: list[dict], specs: dict[str, dict]) -> str | None:
+    """study_error's line for the first study of the folder that has one, or None."""
+    return next(filter(None, (study_error(name, study, [r for r in rows if r.get("study") == name])
+                              for name, study in specs.items())), None)
 
 
 def _planned(measured: list[str]) -> dict:
