@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from blocklab.errors import ConfigError, RunFolderError
+from blocklab.errors import ConfigError, RunFolderError, print_error
 from blocklab.results import RESULTS_FILE, previous_status, read_results, unfinished_run_error, write_results
 from blocklab.train.job import INTERRUPTED, in_sweep, job_overrides, joblib_side_by_side
 
@@ -55,14 +55,13 @@ def run_as_sweep_job(config: dict, train: Callable[[dict], float | None]) -> flo
         raise
     except ConfigError as err:  # listed before launch (check_sweep_jobs); recorded so a relaunch skips it
         message = " | ".join(str(err).splitlines())
-        print(f"error: job {run_dir} is invalid: {message}", file=sys.stderr)
+        print_error(f"job {run_dir} is invalid: {message}")
         run_dir.mkdir(parents=True, exist_ok=True)
         write_results(run_dir, {"status": "invalid", "error": message, "task": config["task"]["name"],
                                 "overrides": job_overrides()})
         return None
     except Exception as err:  # a sweep goes on; the failure is recorded where the results would be
-        print(f"error: job {run_dir} failed: {record_failure(run_dir, err, config['task']['name'], job_overrides())}",
-              file=sys.stderr)
+        print_error(f"job {run_dir} failed: {record_failure(run_dir, err, config['task']['name'], job_overrides())}")
         return None
     finally:
         # Lightning's DDP leaves LOCAL_RANK, MASTER_PORT... behind, which would make the next job
@@ -166,8 +165,7 @@ def check_sweep_jobs(overrides: list[str]) -> int:
     if first.get("study"):
         check_study_folder(job_settings, configs, Path(first.hydra.sweep.dir), first.hydra.job.config.override_dirname)
     for job, errors in problems.items():
-        print(f"warning: job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}",
-              file=sys.stderr)
+        print_error(f"job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}", "warning: ")
     return len(jobs)
 
 
@@ -280,7 +278,15 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
         saved = run_dir / ".hydra" / "config.yaml"
         reused = previous_status(run_dir) in FINAL_STATUSES or (run_dir / CHECKPOINT).exists()
         if reused and saved.exists():
-            saved_config = yaml.load(saved.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            try:
+                saved_config = yaml.load(saved.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            except (OSError, ValueError, yaml.YAMLError) as err:  # ValueError: not UTF-8
+                saved_config = err
+            if not isinstance(saved_config, dict):  # a list, a scalar, or no YAML at all: not a config BlockLab saved
+                what = f"{type(saved_config).__name__} where a mapping of keys belongs" \
+                    if not isinstance(saved_config, Exception) else "not YAML BlockLab wrote"
+                raise RunFolderError(f"{saved} is damaged ({what}), so it cannot be told whether the job was trained "
+                                     f"with this config; move {run_dir} away (or delete it) to train the job again")
             diffs = config_differences(saved_config, config,
                                        frozenset(override_key(o) for o in job))
             if diffs:
