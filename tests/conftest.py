@@ -44,8 +44,9 @@ def run_in_process(overrides: list[str], run_dir: Path):
     return run(compose_config(overrides, run_dir))
 
 
-def run_cli(args: list[str], timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True,
+def run_cli(args: list[str], timeout: int = 600, env: dict | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd or ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "WANDB_SILENT": "true", **(env or {})})
 
 

@@ -249,6 +249,15 @@ CASES = [
     ('command', '-m norm=pre_ln,post_layernorm'),
     ('command', '-m pos=glob(xx*)'),
     ('command', '+model.d_model=32'),
+    ('command', '-m attn=gla,mha attn.gate_rank=8'),
+    ('command', 'hydra.run.dir='),
+    ('command', '-m seed=0,1 hydra.sweep.dir='),
+    ('command', 'hydra.run.dir=/tmp/' + 'a' * 300),
+    ('command', 'hydra.run.dir={blocker}/\x1b[31mred\x1b[0m'),
+    ('command', 'seed=0,1 -m'),
+    ('range', 'model.d_model=' + '1' * 5000),
+    ('range', 'attn.short_conv=1000'),
+    ('pos', 'pos.original_context=0'),
 ]
 
 # One or more of each group, in the default run.
@@ -258,7 +267,8 @@ REPRESENTATIVE = {
     "pos=fire pos.init_c=inf", "model.d_model=1000000000", "task.eval_lengths=[1000000]", "pos.base=0",
     "pos=t5_bias pos.num_buckets=0", "attn=linformer attn.causal=true", "norm=pre_bn task.batch_size=1",
     "ffn=moe ffn.top_k=5", "task=lm task.data.path=/dev/zero", "optim.lr=1 optim.lr=2", "sweep=causal_mask",
-    "hydra.run.dir={blocker}/run",
+    "hydra.run.dir={blocker}/run", "hydra.run.dir=", "seed=0,1 -m", "attn.short_conv=1000",
+    "hydra.run.dir={blocker}/\x1b[31mred\x1b[0m",
 }
 
 
@@ -281,9 +291,12 @@ def named_keys(line: str) -> set[str]:
 
 
 def outcome(line: str, tmp_path: Path) -> str | None:
-    """None where the command is refused as it must be, else what went wrong."""
+    """None where the command is refused as it must be, else what went wrong. It runs in a folder of its own, so
+    that a command accepted by mistake that writes into the current folder (hydra.run.dir=) leaves the checkout be."""
     args, run_dir, sweep_dir = command(line, tmp_path)
-    proc = run_cli(args, timeout=120)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc = run_cli(args, timeout=120, cwd=cwd)
     lines = proc.stderr.strip().splitlines()
     if "Traceback" in proc.stderr:
         return f"traceback: {lines[-1] if lines else ''}"
@@ -291,15 +304,18 @@ def outcome(line: str, tmp_path: Path) -> str | None:
         return "accepted: it trained"
     if proc.returncode != 2 or len(lines) != 1 or not lines[0].startswith("error: "):
         return f"exit {proc.returncode} with {len(lines)} lines: {proc.stderr[-500:]}"
+    if any(ord(ch) < 32 and ch != "\n" or 127 <= ord(ch) < 160 for ch in proc.stderr):  # a terminal would act on it
+        return f"control characters printed raw: {proc.stderr!r}"
     if not any(key in lines[0] for key in named_keys(line)):
         return f"names none of {sorted(named_keys(line))}: {lines[0]}"
-    if run_dir.exists() or sweep_dir.exists():
-        return f"refused, but created {run_dir if run_dir.exists() else sweep_dir}"
+    if run_dir.exists() or sweep_dir.exists() or any(cwd.iterdir()):
+        return f"refused, but created {run_dir if run_dir.exists() else sweep_dir if sweep_dir.exists() else cwd}"
     return None
 
 
 @pytest.mark.parametrize("group, line", [
-    pytest.param(group, line, id=f"{group}: {line}", marks=() if line in REPRESENTATIVE else pytest.mark.slow)
+    pytest.param(group, line, id=f"{group}: {line if len(line) <= 80 else f'{line[:60]}...({len(line)} chars)'}",
+                 marks=() if line in REPRESENTATIVE else pytest.mark.slow)
     for group, line in CASES])
 def test_a_bad_input_is_one_line_exit_2_and_creates_nothing(group, line, tmp_path):
     assert outcome(line, tmp_path) is None

@@ -146,7 +146,8 @@ def test_a_drawn_command_line_is_accepted_or_one_line_naming_its_key(base, draw)
 
 
 def test_every_numeric_key_refuses_a_bool_and_a_value_below_its_range(base):
-    """Python counts a bool as an int; no numeric key may take one, nor a value just below its floor."""
+    """Python counts a bool as an int; no numeric key may take one, nor a value just below its floor (or, for an
+    integer with a ceiling, just above it)."""
     for group, spec in SCHEMA.items():
         for key, value_spec in spec.keys.items():
             inner = value_spec
@@ -158,6 +159,8 @@ def test_every_numeric_key_refuses_a_bool_and_a_value_below_its_range(base):
             assert schema_errors(with_settings(base, {dotted: True}))[0].startswith(f"{dotted}=True")
             if inner.low is not None:
                 assert schema_errors(with_settings(base, {dotted: inner.low - 1}))[0].startswith(f"{dotted}=")
+            if isinstance(inner, Int) and inner.high is not None:  # attn.short_conv, seed: a ceiling too
+                assert schema_errors(with_settings(base, {dotted: inner.high + 1}))[0].startswith(f"{dotted}=")
 
 
 @settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.generate],

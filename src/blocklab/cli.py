@@ -9,7 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from blocklab.errors import ConfigError, exit_on
+from blocklab.errors import ConfigError, exit_on, print_error
 from blocklab.paths import CONF_DIR
 from blocklab.startup import uncollected_imports
 
@@ -109,8 +109,7 @@ def train(cfg: DictConfig) -> float | None:
     try:
         return run(cfg)
     except ConfigError as err:
-        for line in str(err).splitlines():
-            print(f"error: {line}", file=sys.stderr)
+        print_error(str(err))
         _remove_if_empty(Path(HydraConfig.get().runtime.output_dir))
         raise SystemExit(2) from None
 

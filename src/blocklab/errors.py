@@ -1,5 +1,6 @@
 import argparse
 import sys
+import unicodedata
 
 
 class ConfigError(ValueError):
@@ -11,11 +12,28 @@ class RunFolderError(ConfigError):
     records no result for such a job either, so the folder stays as the user left it)."""
 
 
+# Bidirectional overrides and isolates: shown as they are, they reorder the text around them on the terminal.
+_BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (ESC, CR, backspace, DEL, C1 codes) and bidi override escaped as
+    Python writes it (\\x1b, \\r, \\u202e): a folder or file name from someone else's folder is shown as its
+    characters, never as a colour, a cursor move or a line rewritten. Newlines are the caller's to split on."""
+    return "".join(ch.encode("unicode_escape").decode("ascii")
+                   if (unicodedata.category(ch) == "Cc" and ch != "\n") or ch in _BIDI else ch for ch in text)
+
+
+def print_error(error: str, prefix: str = "error: ") -> None:
+    """Each line of `error` (one per problem) on stderr as "error: ...", its control characters escaped."""
+    for line in filter(None, error.split("\n")):
+        print(f"{prefix}{printable(line)}", file=sys.stderr)
+
+
 def exit_on(error: str | None) -> None:
     """A command line's refusal: each line of `error` as "error: ..." on stderr, then exit 2; nothing when None."""
     if error is not None:
-        for line in error.splitlines():
-            print(f"error: {line}", file=sys.stderr)
+        print_error(error)
         raise SystemExit(2)
 
 

@@ -68,8 +68,11 @@ def _continue(args) -> str:
     unknown_error = unknown_characters_error(tokenizer, args.prompt)
     if unknown_error:
         raise ConfigError(unknown_error)
-    model = setup.trained_model()
     ids = tokenizer.encode(args.prompt).ids
+    if len(ids) > setup.model_cfg.max_len:  # past what it trained on, at a cost that grows with each token
+        raise ConfigError(f"--prompt is {len(ids)} tokens, longer than the {setup.model_cfg.max_len} this run's model "
+                          "takes (the longest sequence it trained or evaluated on); give a shorter prompt")
+    model = setup.trained_model()
     eos = tokenizer.token_to_id("<eos>")
     if not ids:
         ids = [eos if eos is not None else 0]  # an empty prompt starts from a boundary token

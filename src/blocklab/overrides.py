@@ -47,14 +47,23 @@ class CommandLine:
     --cfg, help, or a primary config other than ours."""
     args: argparse.Namespace | None
     config: dict | None = None
+    error: str | None = None  # the one line for flags Hydra would refuse that BlockLab can name the fix of
 
     @classmethod
     def read(cls, argv: list[str]) -> "CommandLine":
+        parser = get_args_parser()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             try:
-                return cls(get_args_parser().parse_args(argv))
+                return cls(parser.parse_args(argv))
             except SystemExit:
+                pass
+            try:  # an option after the overrides (`seed=0,1 -m`): Hydra prints its usage, 8 lines
+                args = parser.parse_intermixed_args(argv)
+            except (SystemExit, TypeError):
                 return cls(None)
+        if not args.overrides:
+            return cls(None)
+        return cls(None, error=_options_after_overrides(argv, list(args.overrides)))
 
     @property
     def multirun(self) -> bool:
@@ -75,6 +84,8 @@ class CommandLine:
     def check(self) -> str | None:
         """The one-line error for overrides that do not compose, or a single run's values out of the schema, or
         None: Hydra takes it from there. A single run's config is composed once, here, and kept (`config`)."""
+        if self.error is not None:
+            return self.error
         if not self.ours:
             return None
         args, single = self.args, not self.args.multirun and not self.args.cfg
@@ -87,7 +98,7 @@ class CommandLine:
                 if cfg is None:  # no overrides: the config as shipped
                     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
                         cfg = _compose([RUN_DIR_UNUSED])
-                folder = Path(OmegaConf.select(cfg, "hydra.run.dir"))
+                folder = OmegaConf.select(cfg, "hydra.run.dir")
                 config = _without_hydra(cfg)
                 errors = schema_errors(config) or list(filter(None, [_folder_error("hydra.run.dir", folder)]))
                 if not errors:
@@ -99,6 +110,24 @@ class CommandLine:
                 return interpolation_error(err)
             return None  # a failure this check has no line for: Hydra's own answer, as before
         return "\n".join(filter(None, errors)) or None
+
+
+def _options_after_overrides(argv: list[str], overrides: list[str]) -> str:
+    """The one line for options written after the first override, which Hydra's parser does not read there."""
+    import shlex
+
+    first = next(i for i, arg in enumerate(argv) if arg in overrides)
+    late = [arg for arg in argv[first:] if arg.startswith("-") and arg not in overrides]
+    left = list(overrides)
+    options = []
+    for arg in argv:  # the options with their values, in order; then the overrides
+        if arg in left:
+            left.remove(arg)
+        else:
+            options.append(arg)
+    command = " ".join(shlex.quote(arg) for arg in [*options, *overrides])
+    return (f"{' '.join(late)} must come before the overrides (Hydra reads no option after them); "
+            f"run: {_program()} {command}")
 
 
 def command_line_error(argv: list[str]) -> str | None:
@@ -172,10 +201,30 @@ def _parse(overrides: list[str]) -> list[Override]:
     except OverrideParseException as err:
         raise OverrideError(f"cannot parse override {err.override!r}: {_parse_detail(err)}; "
                             f"the grammar: {GRAMMAR}") from None
+    except ValueError as err:  # Hydra's parser calls int() on the digits: past Python's limit it raises this
+        raise _unreadable_integer(overrides, err) from None
     for override in parsed:
         if not override.key_or_group:
             raise OverrideError(f"cannot parse override {override.input_line!r}: no key before '='; use key=value")
     return parsed
+
+
+def _unreadable_integer(overrides: list[str], err: ValueError) -> OverrideError:
+    """The one line for an integer too long for Python to read (sys.get_int_max_str_digits, 4300 digits by
+    default): no size BlockLab takes is near it, so it is refused rather than the limit raised."""
+    import re
+    import sys
+
+    from blocklab.naming import override_key
+
+    limit = sys.get_int_max_str_digits()
+    digits = re.compile(r"\d{%d,}" % (limit + 1))
+    bad = next((o for o in overrides if digits.search(o)), None)
+    if bad is None:
+        return OverrideError(f"cannot parse the overrides: {_one_line(str(err))[:200]}")
+    key = override_key(bad)
+    return OverrideError(f"{key}=<an integer of {len(digits.search(bad).group())} digits> is longer than the {limit} "
+                         "digits Python reads; give a value of a sensible size", key=key)
 
 
 def _parse_detail(err: OverrideParseException) -> str:
@@ -230,9 +279,11 @@ def _check_option(group: str, value: str, options: list[str], key: str | None = 
                         key=key)
 
 
-def _compose(overrides: list[str]) -> DictConfig:
+def _compose(overrides: list[str], hydra_keys: bool = True) -> DictConfig:
+    """The composed config, or OverrideError with the one line for why Hydra cannot compose it. `hydra_keys`:
+    with Hydra's own keys (a job's config as the run sees it has none)."""
     try:
-        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_keys)
     except MissingConfigException as err:  # an option that a config's own defaults list names
         if err.options is not None and err.missing_cfg_file is not None:
             group, _, value = err.missing_cfg_file.rpartition("/")
@@ -298,6 +349,12 @@ def _one_line(message: str) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
+def compose_job(overrides: list[str]) -> DictConfig:
+    """One sweep job's config without Hydra's keys (inside initialize_config_dir), or OverrideError: the one
+    line for why Hydra cannot compose it (a key its options do not have)."""
+    return _compose(overrides, hydra_keys=False)
+
+
 def job_dirname(overrides: list[str], naming) -> str:
     """The folder name Hydra gives a sweep job with these overrides (hydra.job.override_dirname), under the
     naming settings `naming` (hydra.job.config.override_dirname)."""
@@ -313,8 +370,14 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     parsed = _parse(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         loader = _loader_with_search_path(parsed)
-        plain = [o.input_line for o in parsed if not o.is_sweep_override()]
-        params = _compose(plain).hydra.sweeper.params or {}
+        plain = [o for o in parsed if not o.is_sweep_override()]
+        try:
+            params = _compose([o.input_line for o in plain]).hydra.sweeper.params or {}
+        except OverrideError:  # a key only some swept options have (-m attn=gla,mha attn.gate_rank=8): the
+            # sweeper's params come from the sweep file and Hydra's keys, which the groups and hydra.* set alone
+            chosen = [o.input_line for o in plain if o.is_hydra_override() or "." not in o.key_or_group
+                      and loader.repository.group_exists(o.key_or_group)]
+            params = _compose(chosen).hydra.sweeper.params or {}
         lines = [f"{key}={value}" for key, value in params.items()] + list(overrides)
         swept = OverridesParser.create(config_loader=loader).parse_overrides(lines)
         return [list(job) for batch in BasicSweeper.split_arguments(swept, max_batch_size=None) for job in batch]
@@ -363,12 +426,31 @@ def output_dir_error(overrides: list[str], multirun: bool) -> str | None:
         for group in cfg:  # a value the folder's name reads (study.scale) is named for itself, not as the folder
             if group != "hydra" and isinstance(cfg[group], DictConfig):
                 OmegaConf.to_container(cfg[group], resolve=True)
-        return _folder_error(key, Path(OmegaConf.select(cfg, key)))
+        return _folder_error(key, OmegaConf.select(cfg, key))
 
 
-def _folder_error(key: str, folder: Path) -> str | None:
-    """output_dir_error's line for `folder`, the value of `key` (hydra.run.dir or hydra.sweep.dir)."""
-    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+def _folder_error(key: str, value) -> str | None:
+    """output_dir_error's line for `value`, the folder `key` (hydra.run.dir or hydra.sweep.dir) names: one that is
+    empty (Hydra would write into the current folder), whose name the file system cannot hold, or that cannot be
+    created."""
+    import errno
+
+    text = "" if value is None else str(value)
+    if not text.strip():
+        example = "outputs/sweeps/NAME" if key == "hydra.sweep.dir" else "outputs/runs/NAME"
+        return (f"{key} is empty, and Hydra would write into the current folder; give a folder, e.g. "
+                f"{key}={example} (or {key}=. to mean the current folder)")
+    folder = Path(text)
+    shown = text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
+    try:
+        existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    except OSError as err:  # ENAMETOOLONG: a name over the file system's limit (255 bytes on most)
+        if err.errno != errno.ENAMETOOLONG:
+            return f"{key}={shown} cannot be created: {err.strerror}; choose another {key}"
+        longest = max(len(part.encode()) for part in folder.parts)
+        size = f"a name in it is {longest} bytes" if longest > 255 else f"the path is {len(text.encode())} bytes"
+        return (f"{key}={shown} cannot be created: {size}, longer than the file system allows (255 bytes a name, "
+                f"4096 a path on most); choose a shorter {key}")
     if existing == folder and folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
         return None
     if not existing.is_dir():

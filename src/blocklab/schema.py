@@ -218,6 +218,7 @@ PRECISIONS = {"32-true": "32-true", "32": "32-true", 32: "32-true", "bf16-mixed"
               "64-true": "64-true", "64": "64-true", 64: "64-true"}
 
 SEED_MAX = 2**32 - 1  # numpy's seed range is [0, 2**32)
+SHORT_CONV_MAX = 64  # attn.short_conv: the widest causal convolution on q, k and v (SCHEMA's attn group says why)
 # Bytes of training state per parameter: the weight, its gradient and Adam's two moments.
 STATE_COPIES = 4
 
@@ -243,7 +244,11 @@ SCHEMA: dict[str, Group] = {
         "scale": Nullable(Either(Choice(("none", "default")), POSITIVE), "1/sqrt(d_head)"),
         "scale_factor": Described(POSITIVE, "a number > 0 (it multiplies the scale: 0.5 halves 1/sqrt(d_head))"),
         "qk_norm": Bool(),
-        "short_conv": Described(Int(0), "an integer >= 0 (width of the causal convolution on q, k and v; 0: none)")},
+        # A short convolution mixes each token with the few before it (Based and Canon layers use 3-4). 64 is far
+        # past any use and keeps its cost bounded: every layer's depthwise conv costs K multiply-adds per channel
+        # and token, and pads K-1 zeros in front of every sequence (short_conv=1000 ran for minutes, unrefused).
+        "short_conv": Described(Int(0, SHORT_CONV_MAX), f"an integer in [0, {SHORT_CONV_MAX}] (width of the causal "
+                                                        "convolution on q, k and v; 0: none; the papers use 3 or 4)")},
         owner="the attention kind (attn.kind)"),
     "act": Group({"name": Text(), "match_params": Bool()}),
     "ffn": Group({"name": Text()}, owner="the FFN kind (ffn.name)"),

@@ -266,6 +266,12 @@ def factor_errors(options: dict) -> list[str]:
 
 def scaling_errors(scheme: type, options: dict, d_head: int | None = None) -> list[str]:
     """The scaling options of `scheme` (a PositionScheme class) with its resolved `options`, one line each."""
+    context = options.get("original_context")
+    if context is not None and not (isinstance(context, int) and not isinstance(context, bool) and context > 0):
+        # checked whatever pos.scaling is: analyze --eval-scaling applies a scaling to the trained run later, and
+        # reads the context it trained at from here
+        return [f"pos.original_context={context!r} must be null (derived from the task) or a positive integer: the "
+                "context the model trained at, in tokens (YaRN's L, which --eval-scaling uses too)"]
     method = options.get("scaling", "none")
     if method not in POSITION_SCALINGS:
         return [POSITION_SCALINGS.unknown(method)]

@@ -47,6 +47,13 @@ def main(argv=None) -> None:
         exit_on(f"--bench {', '.join(missing)}: no such file; write one with python -m blocklab.bench --out FILE")
     with uncollected_imports("blocklab.report.build"):  # torch, scipy, matplotlib: only once the input is good
         from blocklab.report.build import build_report
+    if args.findings is not None:  # a study no findings page can be written for: refused before the report too
+        from blocklab.report.findings import studies_error
+
+        try:
+            exit_on(studies_error(rows, study_specs(args.sweep_dir, rows)))
+        except ConfigError as err:
+            exit_on(str(err))
     try:
         path = build_report(args.sweep_dir, rows, study_specs(args.sweep_dir, rows), args.bench, out)
     except ConfigError as err:  # a study block or benchmark file the report cannot read (before any file is written)

@@ -143,14 +143,6 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
             "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
 
 
-def _scale_error(name: str, scale) -> str | None:
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0:
-        return None
-    return (f"study.scale={str(scale)[:60]!r} of study {name} (saved in its runs' .hydra/config.yaml) is not a number "
-            "> 0; it is the scale the sweep ran at (study.scale=4): correct it there, or move those runs out of the "
-            "sweep folder")
-
-
 def _results(run: str) -> dict:
     """A run's results.json, through blocklab.folder; one line where it cannot be read."""
     try:
@@ -169,9 +161,9 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
     for name, study in specs.items():
         if not (isinstance(name, str) and SAFE_NAME.fullmatch(name)):
             raise ConfigError(f"study.name={str(name)[:60]!r} cannot name a findings page; use letters, digits, _ - .")
-        if error := _scale_error(name, study.get("scale", 1)):
-            raise ConfigError(error)
         members = [r for r in rows if r.get("study") == name and r.get("status") != RUNNING]
+        if error := study_error(name, study, members):
+            raise ConfigError(error)
         keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
         metrics = metrics_spec(study.get("metrics"), members)
         verdict = study.get("verdict") or {}
@@ -197,6 +189,23 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
             written.append(folder.write_text(out, f"{name}.md", page_text(base)))
     written.append(write_index(out))
     return written
+
+
+def study_error(name: str, study: dict, members: list[dict]) -> str | None:
+    """The one line for a study block (from a run's saved config) no findings page can be written for: a scale
+    that is not a positive number names no page (study_folder). Checked before any file is written."""
+    scale = study.get("scale", 1)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0:
+        return None
+    where = f" (in {Path(members[0]['run']) / '.hydra' / 'config.yaml'})" if members else ""
+    return (f"study.scale={str(scale)[:40]!r} of study {str(name)[:60]}{where} must be a positive number (1: the "
+            "sweep file's size), or no findings page can be named for it; fix the value or move that run away")
+
+
+def studies_error(rows: list[dict], specs: dict[str, dict]) -> str | None:
+    """study_error's line for the first study of the folder that has one, or None."""
+    return next(filter(None, (study_error(name, study, [r for r in rows if r.get("study") == name])
+                              for name, study in specs.items())), None)
 
 
 def _planned(measured: list[str]) -> dict:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from blocklab.experiment import RunConfig, Setup, parameter_count, run_config
-from blocklab.errors import ConfigError, RunFolderError
+from blocklab.errors import ConfigError, RunFolderError, print_error
 from blocklab.hardware import accelerator_error, keep_freed_memory, precision_warning, use_threads
 from blocklab.results import (CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, flatten, print_summary,
                               write_results)
@@ -83,7 +83,7 @@ def run(cfg: DictConfig) -> float | None:
     except RunFolderError as err:  # in use or damaged: a sweep goes on without it, and writes nothing there
         if not in_sweep():
             raise
-        print(f"error: job skipped: {err}", file=sys.stderr)
+        print_error(f"job skipped: {err}")
         return None
 
 

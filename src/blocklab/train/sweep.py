@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from blocklab.errors import ConfigError, RunFolderError
+from blocklab.errors import ConfigError, RunFolderError, print_error
 from blocklab.folder import rename
 from blocklab.results import RESULTS_FILE, previous_status, read_results, unfinished_run_error, write_results
 from blocklab.train.job import INTERRUPTED, in_sweep, job_overrides, joblib_side_by_side
@@ -56,14 +56,13 @@ def run_as_sweep_job(config: dict, train: Callable[[dict], float | None]) -> flo
         raise
     except ConfigError as err:  # listed before launch (check_sweep_jobs); recorded so a relaunch skips it
         message = " | ".join(str(err).splitlines())
-        print(f"error: job {run_dir} is invalid: {message}", file=sys.stderr)
+        print_error(f"job {run_dir} is invalid: {message}")
         run_dir.mkdir(parents=True, exist_ok=True)
         write_results(run_dir, {"status": "invalid", "error": message, "task": config["task"]["name"],
                                 "overrides": job_overrides()})
         return None
     except Exception as err:  # a sweep goes on; the failure is recorded where the results would be
-        print(f"error: job {run_dir} failed: {record_failure(run_dir, err, config['task']['name'], job_overrides())}",
-              file=sys.stderr)
+        print_error(f"job {run_dir} failed: {record_failure(run_dir, err, config['task']['name'], job_overrides())}")
         return None
     finally:
         # Lightning's DDP leaves LOCAL_RANK, MASTER_PORT... behind, which would make the next job
@@ -144,15 +143,19 @@ def check_sweep_jobs(overrides: list[str]) -> int:
     from blocklab.paths import CONF_DIR
     from blocklab.experiment import config_errors
     from blocklab.naming import names_the_job
-    from blocklab.overrides import sweep_jobs
+    from blocklab.overrides import OverrideError, compose_job, sweep_jobs
 
     jobs = sweep_jobs(overrides)
     problems: dict[str, list[str]] = {}
     job_settings = [[o for o in job if not o.lstrip("+~").startswith(("hydra.", "hydra/"))] for job in jobs]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        configs = job_configs(job_settings, lambda settings: compose_job([*settings, "run_dir=unused"]),
+                              failures=OverrideError)
+        uncomposed = uncomposed_jobs_error(jobs, configs, overrides)
+        if uncomposed:
+            raise ConfigError(uncomposed)
         first = compose("config", [*jobs[0], "run_dir=unused"], return_hydra_config=True)
         launcher = OmegaConf.to_container(first.hydra.launcher)
-        configs = job_configs(job_settings, lambda settings: compose("config", [*settings, "run_dir=unused"]))
     for job, config in zip(jobs, configs):
         errors = config_errors(config) or list(filter(None, [side_by_side_error(config, launcher),
                                                              continued_source_error(config)]))
@@ -163,9 +166,31 @@ def check_sweep_jobs(overrides: list[str]) -> int:
     if first.get("study"):
         check_study_folder(job_settings, configs, Path(first.hydra.sweep.dir), first.hydra.job.config.override_dirname)
     for job, errors in problems.items():
-        print(f"warning: job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}",
-              file=sys.stderr)
+        print_error(f"job {job} is invalid and will be recorded as such, not run: {' | '.join(errors)}", "warning: ")
     return len(jobs)
+
+
+def uncomposed_jobs_error(jobs: list[list[str]], configs: list, overrides: list[str]) -> str | None:
+    """The one line for jobs Hydra cannot compose at all: an override of a key that only some swept options have
+    (-m attn=gla,mha attn.gate_rank=8: mha has no gate_rank). Hydra composes every job before the first starts
+    and stops the whole sweep at the first it cannot, so such a job cannot be recorded invalid as others are;
+    `++key=value` adds the key to every job, and a job whose options do not take it is then recorded invalid."""
+    from blocklab.naming import names_the_job, override_key
+
+    failed = [(job, config) for job, config in zip(jobs, configs) if isinstance(config, Exception)]
+    if not failed:
+        return None
+    err = failed[0][1]
+    key = getattr(err, "key", None)
+    typed = next((o for o in overrides if key and override_key(o) == key and not o.startswith(("+", "~"))), None)
+    names = sorted({",".join(o for o in job if names_the_job(o) and override_key(o) != key) for job, _ in failed})
+    shown = "; ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    fix = (f"write ++{typed} to set it on every job (a job whose options do not take it is then recorded invalid), "
+           "or sweep only the options that have it") if typed else "sweep only the options that have it"
+    what = f"{typed or key} cannot be set in" if key else f"{err}: in"
+    why = f", which have no key {key}" if key else ""
+    return (f"{what} {len(failed)} of {len(jobs)} jobs ({shown}){why}, and Hydra stops a sweep at the first job it "
+            f"cannot compose; {fix}")
 
 
 def continued_source_error(config: dict) -> str | None:
@@ -182,20 +207,32 @@ def continued_source_error(config: dict) -> str | None:
     return f"trainer.resume_from={source}: {error}" if error else None
 
 
-def job_configs(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig]) -> list[dict]:
+def job_configs(jobs: list[list[str]], compose: Callable[[list[str]], DictConfig],
+                failures: type[Exception] | tuple[type[Exception], ...] = ()) -> list[dict | Exception]:
     """Each job's resolved config, `compose`d from its overrides. Jobs that differ only in a plain `seed=N`
-    share one composition (Hydra's compose is most of a sweep's check), with the seed set before resolving."""
+    share one composition (Hydra's compose is most of a sweep's check), with the seed set before resolving.
+    A job whose composition raises one of `failures` has that exception in place of its config."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def composed_or_failure(settings: list[str]):
+        try:
+            return compose(settings)
+        except failures as err:
+            return err
 
     composed, configs = {}, []
     for job in jobs:
         seeds = [o for o in job if o.startswith("seed=")]
         rest = tuple(o for o in job if o not in seeds)
         if len(seeds) != 1:
-            configs.append(OmegaConf.to_container(compose(job), resolve=True))
+            config = composed_or_failure(job)
+            configs.append(config if isinstance(config, Exception) else OmegaConf.to_container(config, resolve=True))
             continue
         if rest not in composed:
-            composed[rest] = compose(list(rest))
+            composed[rest] = composed_or_failure(list(rest))
+        if isinstance(composed[rest], Exception):
+            configs.append(composed[rest])
+            continue
         config = copy.deepcopy(composed[rest])  # the shared composition stays as composed
         config.seed = OverridesParser.create().parse_override(seeds[0]).value()
         configs.append(OmegaConf.to_container(config, resolve=True))
@@ -247,9 +284,10 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
                     raise ValueError("not a mapping of keys")
             except FolderError:
                 raise
-            except ValueError as err:
-                raise ConfigError(f"{folder / saved} is not a config BlockLab saved ({err}); move {run_dir} away "
-                                  "to run that job again") from None
+            except ValueError as err:  # a list, a scalar, not YAML: not a config BlockLab saved
+                raise RunFolderError(f"{folder / saved} is damaged ({err}), so it cannot be told whether the job was "
+                                     f"trained with this config; move {run_dir} away (or delete it) to train the job "
+                                     "again") from None
             diffs = config_differences(saved_config, config,
                                        frozenset(override_key(o) for o in job))
             if diffs:
