@@ -1,5 +1,7 @@
 """Context extension (pos.scaling) checked against the papers' formulas, written out here independently:
-PI (Chen et al. 2023, eq. 4), NTK-aware (YaRN paper §3.1, eq. 16) and YaRN (Peng et al. 2023, §3.2 and eq. 22)."""
+PI (Chen et al. 2023, eq. 4), NTK-aware (YaRN paper §3.1, eq. 16) and YaRN (Peng et al. 2023, §3.2 and eq. 22) with
+pos.yarn_ramp=paper; the reference ramp's hand-computed points. The library oracle (transformers) for every method
+is tests/model/test_rope_reference.py."""
 import dataclasses
 import math
 
@@ -119,24 +121,41 @@ def paper_ramp(d: int, alpha: float, beta: float, context: int = L) -> float:
     return 0.0 if r < alpha else 1.0 if r > beta else (r - alpha) / (beta - alpha)
 
 
-def test_yarn_ramp_at_hand_computed_points():
+def test_yarn_paper_ramp_at_hand_computed_points():
     # d_head 8, base 10^4: lambda_d = 2 pi 10^d, so at L = 256, r = 40.74, 4.074, 0.4074, 0.04074;
     # alpha 1, beta 32: gamma = 1 (r > beta), 3.07437/31 = 0.099173, 0, 0 (r < alpha).
-    ramp = yarn_ramp(D_HEAD, BASE, L, 1.0, 32.0)
+    ramp = yarn_ramp(D_HEAD, BASE, L, 1.0, 32.0, "paper")
     torch.testing.assert_close(ramp, torch.tensor([1.0, 0.099173, 0.0, 0.0], dtype=torch.float64), rtol=0, atol=1e-6)
     for alpha, beta, context in ((1.0, 32.0, 256), (0.5, 8.0, 64), (2.0, 100.0, 4096)):
         expected = torch.tensor([paper_ramp(d, alpha, beta, context) for d in range(D_HEAD // 2)], dtype=torch.float64)
-        torch.testing.assert_close(yarn_ramp(D_HEAD, BASE, context, alpha, beta), expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(yarn_ramp(D_HEAD, BASE, context, alpha, beta, "paper"), expected, rtol=1e-12,
+                                   atol=1e-12)
+
+
+def test_yarn_reference_ramp_at_hand_computed_points():
+    """The reference ramp (jquesnelle/yarn, transformers): the pair index where a pair turns n times over L is
+    d(n) = D ln(L / (2 pi n)) / (2 ln b). At d_head 8, L 256: d(32) = 8 ln(1.2732) / 18.421 = 0.1049 -> floor 0;
+    d(1) = 8 ln(40.744) / 18.421 = 1.6101 -> ceil 2; gamma = 1 - clamp(d / 2): 1, 0.5, 0, 0 (the paper's: 1, 0.099,
+    0, 0). At context_extension's setting (d_head 16, L 64): d(32) = -0.994 -> 0, d(1) = 2.016 -> 3, so 1, 2/3, 1/3,
+    then 0: the fastest pair is kept, where the paper's ramp (gamma 0.296) interpolates it 2.1x."""
+    torch.testing.assert_close(yarn_ramp(D_HEAD, BASE, L, 1.0, 32.0),
+                               torch.tensor([1.0, 0.5, 0.0, 0.0], dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(yarn_ramp(16, BASE, 64, 1.0, 32.0),
+                               torch.tensor([1.0, 2 / 3, 1 / 3] + [0.0] * 5, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert abs(float(yarn_ramp(16, BASE, 64, 1.0, 32.0, "paper")[0]) - (64 / (2 * math.pi) - 1) / 31) < 1e-12
+    # where both bounds round to the same pair (L 4 < 2 pi: d(1) = -0.098 -> 0, as d(32) -> 0), the ramp is a step
+    # there (the references nudge the upper bound by 0.001)
+    torch.testing.assert_close(yarn_ramp(4, BASE, 4, 1.0, 32.0), torch.tensor([1.0, 0.0], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("factor", [2.0, 4.0, 16.0])
-def test_yarn_frequencies_are_the_paper_h_of_theta(factor):
+def test_yarn_paper_frequencies_are_the_paper_h_of_theta(factor):
     expected = []
     for d in range(D_HEAD // 2):
         theta, gamma = BASE ** (-2 * d / D_HEAD), paper_ramp(d, 1.0, 32.0)
         expected.append((1 - gamma) * theta / factor + gamma * theta)  # h(theta_d), §3.2
-    torch.testing.assert_close(angles(rope("yarn", factor), 1), torch.tensor(expected, dtype=torch.float64),
-                               rtol=1e-6, atol=0)
+    torch.testing.assert_close(angles(rope("yarn", factor, yarn_ramp="paper"), 1),
+                               torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("factor", [2.0, 4.0, 16.0])
@@ -174,6 +193,14 @@ def test_cached_decoding_gives_the_logits_of_recomputation(pos, method):
     ("rope", {"scaling": "yarn", "scaling_factor": 2.0, "original_context": None}, "pos.original_context=None"),
     ("rope", {"scaling": "yarn", "scaling_factor": 2.0, "original_context": 64, "yarn_alpha": 32.0},
      "0 <= alpha < beta"),
+    ("rope", {"scaling": "yarn", "scaling_factor": 2.0, "original_context": 64, "yarn_alpha": 0.0},
+     "pos.yarn_alpha=0: the reference ramp"),
+    ("rope", {"scaling": "yarn", "scaling_factor": 2.0, "original_context": 64, "yarn_ramp": "linear"},
+     "pos.yarn_ramp='linear' is unknown"),
+    ("rope", {"scaling": "llama3", "scaling_factor": 2.0, "original_context": 64, "llama3_high_freq_factor": 0.5},
+     "0 < low < high"),
+    ("rope", {"scaling": "llama3", "scaling_factor": 2.0}, "pos.original_context=None must be a positive integer for "
+     "pos.scaling=llama3"),
     ("rope", {"scaling": "linear"}, "pos.scaling='linear' is unknown"),
     ("alibi", {"scaling": "pi", "scaling_factor": 2.0}, "pos=alibi does not have"),
     ("fire", {"scaling": "yarn", "scaling_factor": 2.0}, "pos=fire does not have"),

@@ -119,6 +119,21 @@ class InitConfig:
     std: float = 0.02
 
 
+def old_run_options(registry, name, options: dict) -> dict:
+    """A variant's options as saved by an older BlockLab, each key added since given the value that keeps what the
+    run computed (the entry's classmethod `old_run_options`; unchanged where it has none)."""
+    fill = getattr(registry.get(name), "old_run_options", None)
+    return options if fill is None else fill(options)
+
+
+def _recorded(registry, name, options: dict) -> dict:
+    """`options` with every key whose absence would read as an older run's behaviour (`old_run_options`) written
+    out at its present default, so that the model.json a run saves says which behaviour it ran."""
+    missing = set(old_run_options(registry, name, options)) - set(options)
+    defaults = registry.options(name) if name in registry else {}
+    return {**options, **{key: defaults[key] for key in missing if key in defaults}}
+
+
 # ModelConfig fields the task sets (the vocabulary, the longest sequence, sentence pairs), not the model group.
 TASK_DERIVED = ("vocab_size", "max_len", "segments")
 
@@ -192,14 +207,16 @@ class ModelConfig:
         extra = {k: v for k, v in groups["attn"].items() if k not in attn_fields}
         attn_options, pattern_options = AttnConfig.split_options(attn.get("kind", AttnConfig.kind),
                                                                  AttnConfig(**attn).pattern_name, extra)
+        name, kind = pos.pop("name"), attn.get("kind", AttnConfig.kind)
+        shared = {key: pos.pop(key) for key in PosConfig.shared_keys() if key in pos}
         return cls(
             vocab_size=vocab_size,
             max_len=max_len,
             segments=segments,
             norm=NormConfig(**groups["norm"]),
-            pos=PosConfig(name=pos.pop("name"), **{key: pos.pop(key) for key in PosConfig.shared_keys() if key in pos},
-                          options=pos),
-            attn=AttnConfig(**attn, options=attn_options, pattern_options=pattern_options),
+            pos=PosConfig(name=name, **shared, options=_recorded(POSITION_SCHEMES, name, pos)),
+            attn=AttnConfig(**attn, options=_recorded(ATTENTION_KINDS, kind, attn_options),
+                            pattern_options=pattern_options),
             act=ActConfig(**groups["act"]),
             ffn_kind=FfnConfig(name=ffn.pop("name", FfnConfig.name), options=ffn),
             init=InitConfig(**groups["init"]),
@@ -208,9 +225,15 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
-        """Inverse of dataclasses.asdict (how runs save model.json)."""
+        """Inverse of dataclasses.asdict (how runs save model.json). An option that a model.json written by an
+        older BlockLab lacks reads as the behaviour that run trained with (the entry's `old_run_options`)."""
         parts = {"norm": NormConfig, "pos": PosConfig, "attn": AttnConfig, "act": ActConfig, "ffn_kind": FfnConfig,
                  "init": InitConfig}
+        data = dict(data)
+        for key, registry, field_name in (("pos", POSITION_SCHEMES, "name"), ("attn", ATTENTION_KINDS, "kind")):
+            group = data.get(key)
+            if isinstance(group, dict) and isinstance(group.get("options"), dict):
+                data[key] = {**group, "options": old_run_options(registry, group.get(field_name), group["options"])}
         return cls(**{k: parts[k](**v) if k in parts else v for k, v in data.items()})
 
     def position_options(self) -> dict:

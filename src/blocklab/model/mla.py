@@ -4,7 +4,8 @@ Efficient Mixture-of-Experts Language Model" (arXiv 2405.04434), §2.1.2-2.1.3.
 Keys and values are read from one low-rank latent per token, and position enters through a decoupled RoPE key
 shared by the heads, so decoding caches only (kv_rank + rope_dim) numbers per token and layer:
 
-    c_KV = W_DKV h                      (eq. 9)     the latent, attn.kv_rank wide
+    c_KV = RMSNorm(W_DKV h)             (eq. 9)     the latent, attn.kv_rank wide; the RMSNorm (attn.latent_norm) is
+                                                    the released model's `kv_a_layernorm`, which eq. 9 omits
     k^C_i = W_UK,i c_KV, v^C_i = W_UV,i c_KV        (eqs. 10-11)
     q^C_i = W_Q,i h                     (queries uncompressed, as DeepSeek-V2-Lite; eq. 12's c_Q omitted)
     q^R_i = RoPE(W_QR,i h), k^R = RoPE(W_KR h)      (eqs. 14-15; k^R one for all heads), attn.rope_dim wide
@@ -13,7 +14,9 @@ shared by the heads, so decoding caches only (kv_rank + rope_dim) numbers per to
 Training and full passes use this explicit form. With a cache (decoding) the absorbed form of §2.1.2 ("W_UK can
 be absorbed into W_Q, and W_UV into W_O") runs instead: each head's query becomes [W_UK,i^T q^C_i; q^R_i], the
 keys are [c_KV; k^R] and the values c_KV, shared by every head (one K/V head, as MQA), and W_UV,i maps each
-head's latent output back. Both go through F.scaled_dot_product_attention."""
+head's latent output back. Both go through F.scaled_dot_product_attention.
+
+Checked against transformers' DeepseekV2Attention on shared weights (tests/model/test_mla.py names the version)."""
 import math
 
 import torch
@@ -29,10 +32,19 @@ def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def derived_rope_dim(d_head: int) -> int:
+    """attn.rope_dim left null: d_head / 2 (DeepSeek-V2's 64 of 128) rounded down to an even width (RoPE rotates
+    pairs), at least 2: 8 at d_head 16, 2 at d_head 4 and 6, 4 at 10. Any head dimension gets an even width."""
+    return max(2, 2 * (d_head // 4))
+
+
 @ATTENTION_KINDS.register("mla")
 class MultiHeadLatentAttention(Attention):
-    """Options: kv_rank (d_c, the latent's width; null: 4 d_h, the paper's choice) and rope_dim (d_h^R, the
-    decoupled RoPE part per head; null: d_h / 2, the paper's). The stacked projection (qkv_proj) holds W_Q
+    """Options: kv_rank (d_c, the latent's width; null: 4 d_h, the paper's choice), rope_dim (d_h^R, the
+    decoupled RoPE part per head; null: d_h / 2 rounded down to an even width, at least 2: the paper's d_h / 2
+    where d_h is a multiple of 4) and latent_norm (an RMSNorm with a learned gain, eps 1e-6, on c_KV, as DeepSeek-V2's
+    released `kv_a_layernorm`; true by default; a run saved before the option existed had none and reads false).
+    The stacked projection (qkv_proj) holds W_Q
     ('q'), W_KR ('k': the only key rows h meets directly) and W_DKV ('v': the latent values are read from);
     W_QR is q_rope_proj, and [W_UK; W_UV] is up_proj. The position scheme rotates q^R and k^R only (a rotation
     of d_h^R dimensions); its logit temperature (YaRN's 1/t) is applied to the content part here."""
@@ -40,21 +52,33 @@ class MultiHeadLatentAttention(Attention):
     per_head_qk = False  # no W_K per head: bounds read from per-head q/k projections (analysis) do not apply
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
-                 kv_rank: int | None = None, rope_dim: int | None = None):
+                 kv_rank: int | None = None, rope_dim: int | None = None, latent_norm: bool = True):
         super().__init__(d_model, n_heads, None, scale, qk_norm, dropout, bias)
         d_head = self.d_head
         self.kv_rank = kv_rank or 4 * d_head
-        self.rope_dim = rope_dim or max(2, d_head // 2)
+        self.rope_dim = rope_dim or derived_rope_dim(d_head)
         self.n_kv_heads = 1  # one latent and one RoPE key, shared by all heads
         self.scale = 1 / math.sqrt(d_head + self.rope_dim) if scale is None else scale  # eq. 17
         self.qkv_sizes = (n_heads * d_head, self.rope_dim, self.kv_rank)
         self.qkv_proj = nn.Linear(d_model, sum(self.qkv_sizes), bias=bias)
         self.q_rope_proj = nn.Linear(d_model, n_heads * self.rope_dim, bias=bias)
         self.up_proj = nn.Linear(self.kv_rank, 2 * n_heads * d_head, bias=False)  # [W_UK; W_UV]
+        self.latent_norm = nn.RMSNorm(self.kv_rank, eps=1e-6) if latent_norm else None  # DeepSeek's eps
 
     @classmethod
     def derived_options(cls, cfg):
-        return {"kv_rank": 4 * cfg.d_head, "rope_dim": max(2, cfg.d_head // 2)}
+        return {"kv_rank": 4 * cfg.d_head, "rope_dim": derived_rope_dim(cfg.d_head)}
+
+    @classmethod
+    def rotated_width(cls, cfg) -> int:
+        """What the position scheme rotates per head: attn.rope_dim (position.rotated_width)."""
+        rope_dim = cfg.attn.options.get("rope_dim")
+        return rope_dim if _positive_int(rope_dim) else derived_rope_dim(cfg.d_head)
+
+    @classmethod
+    def old_run_options(cls, options: dict) -> dict:
+        """The attn options of a run saved before attn.latent_norm existed (no key): no norm, as it trained."""
+        return options if "latent_norm" in options else {**options, "latent_norm": False}
 
     @classmethod
     def errors(cls, cfg, options):
@@ -94,6 +118,8 @@ class MultiHeadLatentAttention(Attention):
         q_rope = self.q_rope_proj(x).view(batch, length, self.n_heads, self.rope_dim).transpose(1, 2)
         k_rope = k_rope[:, None]  # (B, 1, T, d_R)
         latent = latent[:, None]  # (B, 1, T, d_c)
+        if self.latent_norm is not None:
+            latent = self.latent_norm(latent)  # before the cache: decoding keeps the normalised latent
         q_rope, k_rope = ctx.position_scheme.rotate(q_rope, k_rope, ctx.positions)
         # YaRN's temperature reaches q^R and k^R through the rotation's magnitude; the content logits get it here.
         q_content = q_content * ctx.position_scheme.logit_scale if ctx.position_scheme.logit_scale != 1 else q_content

@@ -8,8 +8,9 @@ Positions are explicit integer tensors of shape (B|1, T), so left padding, KV-ca
 and evaluation beyond the training length all go through the same code.
 
 Context extension (`pos.scaling`, `pos.scaling_factor`): a scheme with a rotation (RoPE) or a table (learned)
-can be stretched past the context it trained at, by the entries of POSITION_SCALINGS (PI, NTK-aware, YaRN),
-through the same hooks, so training, evaluation and cached decoding all see the same scaled positions.
+can be stretched past the context it trained at, by the entries of POSITION_SCALINGS (PI, NTK-aware, YaRN, Llama 3),
+through the same hooks, so training, evaluation and cached decoding all see the same scaled positions. Each is
+tested against transformers' `modeling_rope_utils` (tests/model/test_position_scaling.py names the version).
 """
 import math
 from collections import OrderedDict
@@ -62,8 +63,8 @@ def default_positions(length: int, device) -> Tensor:
 
 class PositionScheme(nn.Module):
     """A scheme's options are its constructor's keyword arguments past the four the model supplies. The
-    context-extension options (`scaling`, `scaling_factor`, `yarn_alpha`, `yarn_beta`, `original_context`) are
-    every scheme's; `scalings` says which methods a scheme can apply (none only, unless it rotates or has a table).
+    context-extension options (`scaling`, `scaling_factor`, `yarn_alpha`, `yarn_beta`, `yarn_ramp`,
+    `llama3_low_freq_factor`, `llama3_high_freq_factor`, `original_context`) are every scheme's; `scalings` says which methods a scheme can apply (none only, unless it rotates or has a table).
     `logit_scale` multiplies every attention logit q.k (YaRN's 1/t; RoPE folds it into its rotation, a kind that
     rotates only part of q and k, MLA, scales the rest itself)."""
 
@@ -72,12 +73,14 @@ class PositionScheme(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, d_head: int, causal: bool = True, scaling: str = "none",
                  scaling_factor: float = 1.0, yarn_alpha: float = 1.0, yarn_beta: float = 32.0,
-                 original_context: int | None = None):
+                 yarn_ramp: str = "reference", llama3_low_freq_factor: float = 1.0,
+                 llama3_high_freq_factor: float = 4.0, original_context: int | None = None):
         super().__init__()
         self.d_model, self.n_heads, self.d_head, self.causal = d_model, n_heads, d_head, causal
         self.memo = PerPositions()
         self.scaling = ScalingSpec(scaling, float(scaling_factor), float(yarn_alpha), float(yarn_beta),
-                                   original_context)
+                                   original_context, yarn_ramp, float(llama3_low_freq_factor),
+                                   float(llama3_high_freq_factor))
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         return x
@@ -104,6 +107,16 @@ class PositionScheme(nn.Module):
         adds its own to these (the scaling options every scheme takes)."""
         return scaling_errors(cls, options)
 
+    @classmethod
+    def old_run_options(cls, options: dict) -> dict:
+        """`options` (the pos group of a run saved by an older BlockLab: its .hydra/config.yaml's `pos`, or its
+        model.json's pos options) with each key added since given the value that keeps what that run computed.
+        pos.yarn_ramp (added with the reference ramp as its default): a YaRN run that lacks it ramped as the paper
+        prints it; a run under any other scaling never read it, so it stays unset there."""
+        if options.get("scaling") == "yarn" and "yarn_ramp" not in options:
+            return {**options, "yarn_ramp": "paper"}
+        return options
+
 
 @POSITION_SCHEMES.register("none")
 class NoPE(PositionScheme):
@@ -124,6 +137,22 @@ def rope_frequencies(base: float, dim: int, device=None) -> Tensor:
     return base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
 
 
+def rotated_width(cfg) -> int:
+    """How many dimensions per head RoPE rotates under `cfg` (a ModelConfig): the head dimension, or what the
+    attention kind says (attn.kind=mla rotates only its decoupled attn.rope_dim). The frequencies, and the
+    constraints of NTK and YaRN, are those of this width."""
+    own = _kind_width(cfg)
+    return cfg.d_head if own is None else own
+
+
+def _kind_width(cfg) -> int | None:
+    """The rotated width the attention kind sets itself (MLA's rope_dim), else None (the head dimension)."""
+    from blocklab.model.attention import ATTENTION_KINDS  # here: attention imports this module (through mask)
+
+    width = getattr(ATTENTION_KINDS.get(cfg.attn.kind), "rotated_width", None)
+    return None if width is None else width(cfg)
+
+
 def _angles(positions: Tensor, dim: int, base: float) -> Tensor:
     """positions (B, T) -> angles (B, T, dim/2) with frequencies base^(-2i/dim)."""
     return positions.to(torch.float32)[..., None] * rope_frequencies(base, dim, positions.device)
@@ -134,7 +163,8 @@ def _angles(positions: Tensor, dim: int, base: float) -> Tensor:
 @dataclass(frozen=True)
 class ScalingSpec:
     """A scheme's context-extension settings: pos.scaling, pos.scaling_factor (s = target / trained context),
-    YaRN's ramp bounds pos.yarn_alpha and pos.yarn_beta, and pos.original_context (L, the trained context in
+    YaRN's ramp bounds pos.yarn_alpha and pos.yarn_beta and its form pos.yarn_ramp (YARN_RAMPS), Llama 3's
+    pos.llama3_low_freq_factor and pos.llama3_high_freq_factor, and pos.original_context (L, the trained context in
     tokens; null in the yaml: derived from the task)."""
 
     method: str = "none"
@@ -142,6 +172,9 @@ class ScalingSpec:
     alpha: float = 1.0
     beta: float = 32.0
     original_context: int | None = None
+    ramp: str = "reference"
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
 
 
 @POSITION_SCALINGS.register("none")
@@ -191,7 +224,8 @@ class PositionInterpolation(NoScaling):
 @POSITION_SCALINGS.register("ntk")
 class NTKAware(NoScaling):
     """NTK-aware scaling (bloc97 2023), as the YaRN paper defines it (§3.1, eq. 16): the base is raised,
-    b' = b s^(|D| / (|D| - 2)), so the lowest frequency is interpolated by s while the highest is nearly kept."""
+    b' = b s^(|D| / (|D| - 2)), so the lowest frequency is interpolated by s while the highest is kept. |D| is the
+    rotated width (`rotated_width`: d_head, or attn.rope_dim under attn.kind=mla), so it needs |D| > 2."""
 
     what = "changes rotary frequencies"
 
@@ -199,31 +233,71 @@ class NTKAware(NoScaling):
     def errors(options, d_head):
         if d_head is not None and d_head <= 2:
             return factor_errors(options) + [
-                f"pos.scaling=ntk raises the base by s^(d/(d-2)), undefined for a head dimension of {d_head}; "
-                "use more dimensions per head or pos.scaling=pi"]
+                f"pos.scaling=ntk raises the base by s^(d/(d-2)), undefined for a rotated width d of {d_head} (the "
+                "head dimension, or attn.rope_dim under attn.kind=mla); rotate more dimensions per head or use "
+                "pos.scaling=pi"]
         return factor_errors(options)
 
     @staticmethod
     def frequencies(base, dim, spec, device=None):
+        if dim <= 2:  # refused by `errors` before any work; here so that no path divides by zero
+            raise ValueError(f"pos.scaling=ntk needs a rotated width above 2 (got {dim})")
         return rope_frequencies(base * spec.factor ** (dim / (dim - 2)), dim, device)
 
 
-def yarn_ramp(dim: int, base: float, original_context: int, alpha: float, beta: float) -> Tensor:
-    """YaRN §3.2 (NTK-by-parts), float64 per pair d = 0 .. |D|/2 - 1: the wavelength lambda_d = 2 pi b^(2d/|D|),
-    r(d) = L / lambda_d (how many turns the pair makes over the trained context L) and the ramp
-    gamma(r) = 0 for r < alpha, 1 for r > beta, (r - alpha) / (beta - alpha) between."""
+# YaRN's ramp between interpolated and kept pairs: `reference` as the authors' code (jquesnelle/yarn) and
+# transformers compute it, linear in the pair index; `paper` as §3.2 prints it, linear in r (jquesnelle/yarn
+# issue #60 records the gap).
+YARN_RAMPS = ("reference", "paper")
+
+
+def ramp_in_r(dim: int, base: float, original_context: int, low: float, high: float) -> Tensor:
+    """float64 per pair d = 0 .. dim/2 - 1: the wavelength lambda_d = 2 pi b^(2d/dim), r(d) = L / lambda_d (how many
+    turns the pair makes over the trained context L), and gamma(r) = 0 for r < low, 1 for r > high, linear between.
+    YaRN §3.2's ramp (low alpha, high beta) and Llama 3's smoothing (low_freq_factor, high_freq_factor)."""
     pair = torch.arange(dim // 2, dtype=torch.float64)
     wavelength = 2 * math.pi * base ** (2 * pair / dim)
-    return ((original_context / wavelength - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+    return ((original_context / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+
+
+def yarn_ramp(dim: int, base: float, original_context: int, alpha: float, beta: float,
+              form: str = "reference") -> Tensor:
+    """gamma per pair d = 0 .. dim/2 - 1, float64: 1 where the pair keeps its frequency, 0 where it is interpolated
+    by s as by PI, between them a linear ramp.
+
+    `paper` (YaRN §3.2): linear in r(d) = L / lambda_d from r = alpha to r = beta (`ramp_in_r`).
+    `reference` (jquesnelle/yarn's `_yarn_find_correction_range` and `_yarn_linear_ramp_mask`; transformers'
+    `_compute_yarn_parameters`, whose `beta_fast` is beta and `beta_slow` alpha): the pair index where r = beta,
+    d(beta) = dim ln(L / (2 pi beta)) / (2 ln b), rounded down, and where r = alpha, rounded up, clamped to
+    [0, dim - 1] (dim - 1, not dim/2 - 1, in both references), and gamma = 1 - clamp((d - low) / (high - low), 0, 1),
+    linear in d between them (high nudged by 0.001 where the two meet). At a short trained context the rounding
+    keeps the fastest pair exactly: at d_head 16, L 64, s 4 the paper form interpolates it 2.1x."""
+    if form == "paper":
+        return ramp_in_r(dim, base, original_context, alpha, beta)
+
+    def pair_index(turns: float) -> float:
+        return dim * math.log(original_context / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(pair_index(beta)), 0), min(math.ceil(pair_index(alpha)), dim - 1)
+    if low == high:
+        high += 0.001
+    pair = torch.arange(dim // 2, dtype=torch.float64)
+    return 1.0 - ((pair - low) / (high - low)).clamp(0.0, 1.0)
+
+
+def _between(interpolated: Tensor, theta: Tensor, gamma: Tensor) -> Tensor:
+    """(1 - gamma) theta/s + gamma theta, computed as theta/s + gamma (theta - theta/s): exactly theta at s = 1."""
+    return interpolated + gamma.to(theta) * (theta - interpolated)
 
 
 @POSITION_SCALINGS.register("yarn")
 class YaRN(NoScaling):
     """Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models" (arXiv 2309.00071).
-    §3.2, NTK-by-parts: h(theta_d) = (1 - gamma(r(d))) theta_d / s + gamma(r(d)) theta_d: pairs that turn many
-    times over the trained context (gamma 1) keep their frequency, those that turn less than alpha times are
-    interpolated as by PI, the ramp between (`yarn_ramp`). Computed as theta/s + gamma (theta - theta/s), the same
-    sum, which is exactly theta at s = 1. §3.4: the logits are divided by t, sqrt(1/t) = 0.1 ln(s) + 1 (eq. 22)."""
+    §3.2, NTK-by-parts: h(theta_d) = (1 - gamma_d) theta_d / s + gamma_d theta_d: pairs that turn many times over
+    the trained context (gamma 1) keep their frequency, those that turn less than alpha times are interpolated as
+    by PI, a ramp between (`yarn_ramp`; pos.yarn_ramp picks its form, `reference` by default: as the authors' code
+    and transformers run it). §3.4: the logits are divided by t, sqrt(1/t) = 0.1 ln(s) + 1 (eq. 22), which
+    multiplies q and k through the rotation's magnitude, as transformers' attention factor multiplies cos and sin."""
 
     what = "changes rotary frequencies"
 
@@ -231,25 +305,58 @@ class YaRN(NoScaling):
     def errors(options, d_head):
         errs = factor_errors(options)
         alpha, beta = options.get("yarn_alpha", 1.0), options.get("yarn_beta", 32.0)
+        ramp = options.get("yarn_ramp", "reference")
         if not (_finite_number(alpha) and _finite_number(beta) and 0 <= alpha < beta):
             errs.append(f"pos.yarn_alpha={alpha!r}, pos.yarn_beta={beta!r}: YaRN's ramp needs 0 <= alpha < beta "
                         "(the paper's: 1 and 32)")
-        context = options.get("original_context")
-        if not (isinstance(context, int) and not isinstance(context, bool) and context > 0):
-            errs.append(f"pos.original_context={context!r} must be a positive integer for pos.scaling=yarn: "
-                        "the context the model trained at, in tokens (null: derived from the task)")
-        return errs
+        elif ramp == "reference" and alpha == 0:
+            errs.append("pos.yarn_alpha=0: the reference ramp ends at the pair that turns alpha times, which no pair "
+                        "does at 0; use alpha > 0 (the paper's: 1) or pos.yarn_ramp=paper")
+        return errs + context_errors(options, "yarn")
 
     @staticmethod
     def frequencies(base, dim, spec, device=None):
         theta = rope_frequencies(base, dim, device)
-        gamma = yarn_ramp(dim, base, spec.original_context, spec.alpha, spec.beta).to(theta)
-        interpolated = theta / spec.factor
-        return interpolated + gamma * (theta - interpolated)
+        gamma = yarn_ramp(dim, base, spec.original_context, spec.alpha, spec.beta, spec.ramp)
+        return _between(theta / spec.factor, theta, gamma)
 
     @staticmethod
     def temperature(spec):
         return 0.1 * math.log(spec.factor) + 1.0
+
+
+@POSITION_SCALINGS.register("llama3")
+class Llama3(NoScaling):
+    """Llama 3.1's RoPE scaling (Meta 2024; `apply_scaling` in meta-llama/llama-models, transformers'
+    `_compute_llama3_parameters`): with lambda = 2 pi / theta and L the trained context, pairs whose wavelength
+    exceeds L / low_freq_factor are interpolated by s, those shorter than L / high_freq_factor are kept, and between
+    them the frequency is (1 - g) theta / s + g theta with g = (L / lambda - low) / (high - low): YaRN's paper ramp
+    (`ramp_in_r`) with bounds low_freq_factor and high_freq_factor (Llama 3.1's 1 and 4), and no temperature."""
+
+    what = "changes rotary frequencies"
+
+    @staticmethod
+    def errors(options, d_head):
+        errs = factor_errors(options)
+        low, high = options.get("llama3_low_freq_factor", 1.0), options.get("llama3_high_freq_factor", 4.0)
+        if not (_finite_number(low) and _finite_number(high) and 0 < low < high):
+            errs.append(f"pos.llama3_low_freq_factor={low!r}, pos.llama3_high_freq_factor={high!r}: Llama 3's "
+                        "smoothing needs 0 < low < high (Llama 3.1's: 1 and 4)")
+        return errs + context_errors(options, "llama3")
+
+    @staticmethod
+    def frequencies(base, dim, spec, device=None):
+        theta = rope_frequencies(base, dim, device)
+        gamma = ramp_in_r(dim, base, spec.original_context, spec.low_freq_factor, spec.high_freq_factor)
+        return _between(theta / spec.factor, theta, gamma)
+
+
+def context_errors(options: dict, method: str) -> list[str]:
+    context = options.get("original_context")
+    if isinstance(context, int) and not isinstance(context, bool) and context > 0:
+        return []
+    return [f"pos.original_context={context!r} must be a positive integer for pos.scaling={method}: the context the "
+            "model trained at, in tokens (null: derived from the task)"]
 
 
 def _finite_number(value) -> bool:
@@ -275,6 +382,10 @@ def scaling_errors(scheme: type, options: dict, d_head: int | None = None) -> li
     method = options.get("scaling", "none")
     if method not in POSITION_SCALINGS:
         return [POSITION_SCALINGS.unknown(method)]
+    ramp = options.get("yarn_ramp", "reference")
+    if ramp not in YARN_RAMPS:
+        return [f"pos.yarn_ramp={ramp!r} is unknown; use reference (linear in the pair index, as YaRN's code and "
+                "transformers) or paper (linear in r, as §3.2 prints it)"]
     if method not in scheme.scalings:
         able = [name for name in POSITION_SCHEMES if method in getattr(POSITION_SCHEMES[name], "scalings", ())]
         return [f"pos.scaling={method} {POSITION_SCALINGS[method].what}, which "
@@ -358,9 +469,10 @@ class Learned(PositionScheme):
 class RoPE(PositionScheme):
     """Su et al.: rotate each pair (x_2i, x_2i+1) of q and k by angle p * base^(-2i/d_head). Under pos.scaling
     the positions, the frequencies and the logits' temperature are the scaling's (POSITION_SCALINGS); the
-    temperature sqrt(1/t) multiplies q and k through the rotation's magnitude, as YaRN's reference code does."""
+    temperature sqrt(1/t) multiplies q and k through the rotation's magnitude, as YaRN's reference code does.
+    The rotated width is d_head, or the attention kind's (`rotated_width`: MLA's attn.rope_dim)."""
 
-    scalings = ("none", "pi", "ntk", "yarn")
+    scalings = ("none", "pi", "ntk", "yarn", "llama3")
 
     def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0, **scaling):
         super().__init__(d_model, n_heads, d_head, causal, **scaling)
@@ -369,8 +481,9 @@ class RoPE(PositionScheme):
 
     @classmethod
     def errors(cls, cfg, options):
-        errs = scaling_errors(cls, options, d_head=cfg.d_head)
-        if cfg.d_head % 2:
+        own = _kind_width(cfg)
+        errs = scaling_errors(cls, options, d_head=cfg.d_head if own is None else own)
+        if own is None and cfg.d_head % 2:  # a kind that rotates a width of its own (MLA) checks it itself
             return errs + [f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {cfg.d_head}; "
                            "change model.n_heads or model.d_model"]
         return errs + base_errors(options["base"])
@@ -407,6 +520,8 @@ def _rotate_pairs(x: Tensor, rotation: Tensor) -> Tensor:
     """Each pair as one complex number times exp(i angle): one kernel forward and one backward,
     where the same rotation in real arithmetic takes 4-7 (`python -m blocklab.bench step`: rope vs none)."""
     work = x.to(_rotation_dtype(x.dtype))
+    if any(stride % 2 for stride in work.stride()[:-1]):  # a slice of an odd-width projection (MLA's k^R)
+        work = work.contiguous()
     pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))
     return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
 

@@ -29,10 +29,28 @@ def changes_results(key: str) -> bool:
 def config_differences(saved: dict, current: dict, set_now: frozenset[str] = frozenset()) -> list[str]:
     """Every key that changes results and differs, as `optim.lr: 0.003 -> 0.01`. A key the saved config lacks
     was added to BlockLab after the run started, with a default that keeps the old behaviour: it differs only
-    where this command sets it (`set_now`: the keys of its overrides, `trainer.compile`)."""
-    old, new = flatten(saved), flatten(current)
+    where this command sets it (`set_now`: the keys of its overrides, `trainer.compile`). A key added with a default
+    that changes the behaviour reads, where the saved config lacks it, as the old behaviour (`with_old_behaviour`),
+    so it differs from the new default: the run resumes only as it started, and a finished sweep job is not
+    taken for the new setting."""
+    old, new = flatten(with_old_behaviour(saved)), flatten(current)
     keys = sorted(k for k in set(old) | set(new) if changes_results(k) and (k in old or k in set_now))
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def with_old_behaviour(saved: dict) -> dict:
+    """A saved run config with each key added since it was saved whose new default changes what a run computes
+    given the old behaviour's value, by the variant the run chose (its `old_run_options`): pos.yarn_ramp=paper for
+    a YaRN run, attn.latent_norm=false for MLA."""
+    from blocklab.model.attention import ATTENTION_KINDS
+    from blocklab.model.config import old_run_options
+    from blocklab.model.position import POSITION_SCHEMES
+
+    filled = dict(saved)
+    for group, registry, choice in (("pos", POSITION_SCHEMES, "name"), ("attn", ATTENTION_KINDS, "kind")):
+        if isinstance(saved.get(group), dict):
+            filled[group] = old_run_options(registry, saved[group].get(choice), saved[group])
+    return filled
 
 
 def keys_set_now() -> frozenset[str]:
