@@ -47,19 +47,30 @@ def old_run(tmp_path_factory):
     return run_dir
 
 
-def test_an_old_interrupted_run_resumes_only_as_it_started(old_run, tmp_path):
+def test_an_old_interrupted_run_resumes_as_it_started(old_run, tmp_path):
+    """Its own command, at today's defaults, resumes it with the old behaviour's values of the keys its folder
+    lacks (the new defaults would compute another function), and says so."""
     run_dir = tmp_path / "run"
     shutil.copytree(old_run, run_dir)
     (run_dir / "results.json").unlink()  # what an interruption leaves
-    new_defaults = [*FAST, *YARN, "attn=mla"]
-    with pytest.raises(ConfigError) as refused:
-        prepare(compose_config(new_defaults, run_dir))
-    assert "attn.latent_norm: False -> True" in str(refused.value)
-    assert "pos.yarn_ramp: 'paper' -> 'reference'" in str(refused.value)
-    resumed = prepare(compose_config([*new_defaults, "pos.yarn_ramp=paper", "attn.latent_norm=false"], run_dir))
+    resumed = prepare(compose_config([*FAST, *YARN, "attn=mla"], run_dir))
     assert resumed.start_step == 20
     assert resumed.model_cfg.pos.options["yarn_ramp"] == "paper"
     assert resumed.model_cfg.attn.options["latent_norm"] is False
+    assert resumed.config["pos"]["yarn_ramp"] == "paper" and resumed.config["attn"]["latent_norm"] is False
+
+
+def test_an_old_run_refuses_a_resume_that_sets_the_new_behaviour(old_run, tmp_path, monkeypatch):
+    """A command that sets a new key itself (pos.yarn_ramp=reference) asks for another function: refused."""
+    from blocklab.train import resume
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(old_run, run_dir)
+    (run_dir / "results.json").unlink()
+    monkeypatch.setattr(resume, "keys_set_now", lambda: frozenset({"pos.yarn_ramp"}))
+    with pytest.raises(ConfigError) as refused:
+        prepare(compose_config([*FAST, *YARN, "attn=mla", "pos.yarn_ramp=reference"], run_dir))
+    assert "pos.yarn_ramp: 'paper' -> 'reference'" in str(refused.value)
 
 
 def test_an_old_mla_checkpoint_loads_as_it_trained(old_run):

@@ -60,20 +60,34 @@ def keys_set_now() -> frozenset[str]:
     return frozenset(override_key(o) for o in HydraConfig.get().overrides.task)
 
 
-def resume_step(run_dir: Path, config: dict, parameters: int | None = None) -> int | None:
-    """The step to resume from, or None for a fresh start. Checks before anything is written. The checkpoint is
-    read without unpickling objects, and its config is compared with this command's: the saved
+def resume_step(run_dir: Path, config: dict, parameters: int | None = None) -> tuple[int | None, dict]:
+    """The step to resume from (None for a fresh start), and the keys the run must take to resume as it started:
+    those an older BlockLab's saved config lacks whose new default would change what the run computes, at the old
+    behaviour's values (`with_old_behaviour`), unless this command sets them. Checks before anything is written.
+    The checkpoint is read without unpickling objects, and its config is compared with this command's: the saved
     .hydra/config.yaml's, or, where that file is gone, the one the checkpoint carries."""
     ckpt = run_dir / CHECKPOINT
     if not folder.exists(run_dir, CHECKPOINT) or not config.get("resume", True):
-        return None
+        return None, {}
     state = load_checkpoint(run_dir, CHECKPOINT, parameters,
                             "delete it to start over, or run with resume=false (it is then kept aside)")
-    diffs = config_differences(saved_config(run_dir, state), config, keys_set_now())
+    saved, set_now = saved_config(run_dir, state), keys_set_now()
+    known = flatten(saved)
+    adopted = {k: v for k, v in flatten(with_old_behaviour(saved)).items() if k not in known and k not in set_now}
+    diffs = config_differences(saved, with_keys(config, adopted), set_now)
     if diffs:
         raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
                           "use another hydra.run.dir, or resume=false to start this one afresh")
-    return state["global_step"]
+    return state["global_step"], adopted
+
+
+def with_keys(config: dict, flat: dict) -> dict:
+    """`config` with each dotted key of `flat` (`pos.yarn_ramp`) set to its value."""
+    config = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+    for key, value in flat.items():
+        group, _, name = key.partition(".")
+        config[group][name] = value
+    return config
 
 
 def saved_config(run_dir: Path, state: dict) -> dict:

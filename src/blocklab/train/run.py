@@ -29,7 +29,7 @@ from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_loggers, check_loggers, log_results
 from blocklab.train.module import LitTransformer
 from blocklab.train.outcome import choices, outcome
-from blocklab.train.resume import resume_step, set_aside_checkpoints
+from blocklab.train.resume import resume_step, set_aside_checkpoints, with_keys
 from blocklab.train.job import (INTERRUPTED, beside_other_jobs, cores_per_job, in_sweep, job_overrides,
                                 sweep_tags_and_group)
 from blocklab.train.sweep import relaunch_only_this_job, run_as_sweep_job
@@ -68,7 +68,11 @@ def prepare(cfg: RunConfig | DictConfig) -> Setup:
     check_loggers(config["logger"])
     check_run_dir(setup.run_dir)
     setup = continued_setup(setup)  # trainer.resume_from: its source checked, YaRN's original context its own
-    return dataclasses.replace(setup, start_step=resume_step(setup.run_dir, config, parameter_count(setup.model_cfg)))
+    step, adopted = resume_step(setup.run_dir, config, parameter_count(setup.model_cfg))
+    if adopted:  # a run an older BlockLab started resumes as it started (pos.yarn_ramp=paper, ...)
+        print(f"resuming as this run started: {', '.join(f'{k}={v}' for k, v in adopted.items())}", file=sys.stderr)
+        setup = continued_setup(Setup.from_config(with_keys(config, adopted)))
+    return dataclasses.replace(setup, start_step=step)
 
 
 def run(cfg: DictConfig) -> float | None:
