@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from blocklab.checkpoint import check_run_files, load_checkpoint
 from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig, build_model
+from blocklab.model.size import memory_error, size_keys
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, unfinished_run_error
 from blocklab.schema import schema_errors
@@ -65,7 +66,19 @@ def _validated(config: RunConfig) -> "Setup":
     errors = model_cfg.errors() or model_cfg.norm.batch_errors(task.batch_size)
     if errors:
         raise ConfigError("\n".join(errors))
+    # The memory bound, from the model itself (built on the meta device: model/size.py).
+    sizes = ", ".join([*size_keys(model_cfg), _vocabulary(config["task"], model_cfg.vocab_size)])
+    error = memory_error(model_cfg, config["trainer"].get("precision"), sizes, "make the model smaller")
+    if error:
+        raise ConfigError(error)
     return Setup(config, model_cfg, Path(config["run_dir"]), task)
+
+
+def _vocabulary(task: dict, vocab_size: int) -> str:
+    """The vocabulary's size as the command sets it: task.vocab_size where the task has that key, else the task's."""
+    if task.get("vocab_size") == vocab_size:
+        return f"task.vocab_size={vocab_size}"
+    return f"task={task.get('name')}'s vocabulary of {vocab_size} tokens"
 
 
 def _frozen(task: dict) -> str:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from blocklab.model.meta import counting
 from blocklab.registry import Registry
 
 POSITION_SCHEMES: Registry = Registry("pos.name", framework_args=("d_model", "n_heads", "d_head", "causal"))
@@ -408,6 +409,8 @@ def _rotate_pairs(x: Tensor, rotation: Tensor) -> Tensor:
 def alibi_slopes(n_heads: int) -> Tensor:
     """Press et al.: geometric slopes 2^(-8/n), 2^(-16/n), ...; for n not a power of two,
     the slopes of the nearest lower power of two plus every other slope of the next one."""
+    if counting():  # the shape only (model/size.py)
+        return torch.empty(n_heads)
 
     def geometric(n):
         start = 2 ** (-8 / n)
