@@ -159,8 +159,12 @@ class Setup:
             model_cfg = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text()))
         except Exception as err:  # not JSON, or not a model config BlockLab wrote
             raise ConfigError(damaged(run_dir / MODEL_FILE, err)) from None
+        check_saved_model(run_dir, model_cfg, config)
         task = build_task(config["task"], config["seed"], is_seq2seq(config["model"]["arch"]),
                           Placement.from_pos(config["pos"])) if with_task else None
+        if task is not None and task.vocab_size != model_cfg.vocab_size:
+            raise ConfigError(f"{run_dir / MODEL_FILE} has vocab_size={model_cfg.vocab_size}, but the task of "
+                              f"{run_dir / SAVED_CONFIG} has {task.vocab_size} tokens; {RUN_FILE_FIX}")
         return cls(config, model_cfg, run_dir, task, checkpoint=state)
 
     def save(self) -> None:
@@ -188,10 +192,42 @@ class Setup:
         return model.eval()
 
     def saved_tokenizer(self) -> Tokenizer:
-        try:
-            return Tokenizer.from_file(str(self.run_dir / TOKENIZER_FILE))
-        except Exception as err:  # the tokenizers library raises its own exception type for a bad file
-            raise ConfigError(damaged(self.run_dir / TOKENIZER_FILE, err)) from None
+        return read_tokenizer(self.run_dir)
+
+
+def read_tokenizer(run_dir: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(run_dir / TOKENIZER_FILE))
+    except Exception as err:  # the tokenizers library raises its own exception type for a bad file
+        raise ConfigError(damaged(run_dir / TOKENIZER_FILE, err)) from None
+
+
+RUN_FILE_FIX = "restore the run from a copy, or train it again in a new hydra.run.dir"
+
+
+def check_saved_model(run_dir: Path, model_cfg: ModelConfig, config: RunConfig) -> None:
+    """A run's model.json checked as the command line checks a model (ModelConfig.errors(), then the memory bound),
+    and its tokenizer.json's ids against that vocabulary, before anything is allocated: a folder may come from
+    anyone, with a checkpoint that carries no digests to vouch for these files. One ConfigError line naming the
+    file and the fix."""
+    path, trainer = run_dir / MODEL_FILE, config.get("trainer")
+    try:
+        problems = model_cfg.errors()
+        too_big = None if problems else memory_error(
+            model_cfg, trainer.get("precision") if isinstance(trainer, dict) else None,
+            f"{path} sets {', '.join([*size_keys(model_cfg), f'vocab_size={model_cfg.vocab_size}'])}, which",
+            RUN_FILE_FIX)
+    except Exception as err:  # values of types no command line gives (a list where a number goes)
+        raise ConfigError(damaged(path, err)) from None
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"{path} describes no model BlockLab can build: {problems[0]}{more}; {RUN_FILE_FIX}")
+    if too_big:
+        raise ConfigError(too_big)
+    ids = read_tokenizer(run_dir).get_vocab().values()
+    if ids and max(ids) >= model_cfg.vocab_size:
+        raise ConfigError(f"{run_dir / TOKENIZER_FILE} has token id {max(ids)}, past the vocabulary of {path} "
+                          f"(vocab_size={model_cfg.vocab_size}); {RUN_FILE_FIX}")
 
 
 # The Setup validated last, by its config's content (_content): what the command line built, for its run.
