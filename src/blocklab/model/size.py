@@ -69,12 +69,17 @@ class TooLargeToCount(ValueError):
     """A tensor of the model would hold more than 2**63 bytes: torch cannot even describe it."""
 
 
-def _built(cfg: ModelConfig) -> ModelSize:
+def meta_model(cfg: ModelConfig) -> torch.nn.Module:
+    """build_model(cfg) on the meta device, uninitialised: its shapes, in milliseconds, with nothing allocated."""
     from blocklab.model.transformer import build_model
 
+    with torch.device("meta"), _NoValues():
+        return build_model(cfg)
+
+
+def _built(cfg: ModelConfig) -> ModelSize:
     try:
-        with torch.device("meta"), _NoValues():
-            model = build_model(cfg)
+        model = meta_model(cfg)
     except RuntimeError as err:
         if "overflow" in str(err):  # "Storage size calculation overflowed with sizes=[...]"
             raise TooLargeToCount(str(err)) from None
