@@ -13,7 +13,7 @@ from rich.console import Console
 from blocklab.errors import ConfigError
 from blocklab.generate import unknown_characters_error
 from blocklab.results import print_summary
-from blocklab.schema import parameter_bytes, physical_memory
+from blocklab.schema import physical_memory
 from blocklab.tasks.tokenizer import char_tokenizer
 from conftest import FAST, ROOT, run_cli, run_in_process
 
@@ -93,8 +93,13 @@ CANNOT_TRAIN = {
     "nan in a list": (["optim.betas=[0.9,nan]"], "error: optim.betas=[0.9, nan] must hold finite numbers only"),
     "negative seed": (["seed=-1"], "error: seed=-1 must be an integer in [0, 4294967295]"),
     "seed past numpy's range": (["seed=4294967296"], "error: seed=4294967296 must be an integer in [0, 4294967295]"),
-    "model too big to allocate": (["model.d_model=1000000000"], "error: model.d_model=1000000000, model.n_layers=2 "
-                                  "need at least"),
+    "model too big to allocate": (["model.d_model=1000000000"], "error: model.d_model=1000000000, model.n_layers=2, "
+                                  "model.d_ff=4000000000, task=copy's vocabulary of 20 tokens make a model with a "
+                                  "tensor of more than 2**63 bytes"),
+    # 10**10: the issue's 10**8 (95 GiB) would fit a machine of 128 GiB.
+    "embeddings too big to allocate": (["task=mqar", "task.vocab_size=10000000000"], "error: model.d_model=64, "
+                                       "model.n_layers=2, model.d_ff=256, task.vocab_size=10000000000 make a model of "
+                                       "640,000,100,096 parameters, which needs 9.54e+03 GiB to train"),
     "evaluation length of a million": (["task.eval_lengths=[1000000]"], "error: task=copy would build sequences of "
                                        "2000001 tokens"),
     "device as a corpus": (["task=lm", "task.data.path=/dev/zero"], "error: task.data.path=/dev/zero is not a "
@@ -111,14 +116,16 @@ def test_a_value_that_cannot_train_is_refused_not_recorded_as_diverged(overrides
     assert not run_dir.exists()
 
 
-def test_the_size_check_compares_a_lower_bound_with_this_machines_memory():
-    """Weights of the attention and FFN matrices, times 4 (gradient, Adam's two moments): a lower bound."""
-    model = {"d_model": 1024, "n_layers": 3, "d_ff": None, "ffn": True}
-    per_layer = 4 * 1024 ** 2 + 2 * 1024 * 4096
-    assert parameter_bytes(model, "32-true") == 3 * per_layer * 4 * 4
-    assert parameter_bytes(model, "64-true") == 3 * per_layer * 8 * 4
-    assert parameter_bytes({**model, "ffn": False}, "32-true") == 3 * 4 * 1024 ** 2 * 4 * 4
+def test_the_size_check_compares_the_models_own_count_with_this_machines_memory():
+    """The count is the model's (built on the meta device: tests/test_model_size.py), each parameter held four
+    times (gradient, Adam's two moments); what a machine has is the OS's figure."""
+    from blocklab.model import ModelConfig
+    from blocklab.model.size import memory_error
+
     assert physical_memory() > 2 ** 30
+    assert memory_error(ModelConfig(), "32-true", "model.d_model=64", "make the model smaller") is None
+    line = memory_error(ModelConfig(vocab_size=10 ** 8), "32-true", "task.vocab_size=100000000", "make it smaller")
+    assert line.startswith("task.vocab_size=100000000 make a model of 6,400,") and line.endswith("; make it smaller")
 
 
 def test_a_real_divergence_is_still_recorded_as_diverged(run_dir):

@@ -131,6 +131,20 @@ CASES = [
     ('range', 'model.d_model=1000000000'),
     ('range', 'model.n_layers=100000 model.d_model=1024'),
     ('range', 'model.d_ff=10000000000'),
+    # Every size key counts (the model built on the meta device), embeddings included. 10**10: the issue's
+    # task.vocab_size=100000000 (95 GiB) would fit a machine of 128 GiB.
+    ('range', 'task=mqar task.vocab_size=10000000000'),
+    ('range', 'model.n_layers=1000000000'),
+    ('range', 'model.d_model=1000000000 model.n_heads=3'),
+    ('range', 'pos=alibi model.d_model=1000000000 model.n_heads=1000000000'),
+    ('range', 'attn=based attn.feature_dim=1000000000'),
+    ('range', 'attn=mla attn.kv_rank=1000000000'),
+    ('range', 'attn=gla attn.gate_rank=1000000000'),
+    ('range', 'attn=performer attn.n_features=1000000000'),
+    ('range', 'pos=fire pos.mlp_hidden=1000000000'),
+    ('range', 'pos=learned pos.max_len=1000000000'),
+    ('range', 'ffn=moe ffn.experts=1000000000'),
+    ('range', 'pos.scaling=ntk pos.scaling_factor=1e308'),
     ('range', 'task.eval_lengths=[1000000]'),
     ('range', 'task.max_len=100000'),
     # nonfinite
@@ -269,6 +283,8 @@ REPRESENTATIVE = {
     "ffn=moe ffn.top_k=5", "task=lm task.data.path=/dev/zero", "optim.lr=1 optim.lr=2", "sweep=causal_mask",
     "hydra.run.dir={blocker}/run", "hydra.run.dir=", "seed=0,1 -m", "attn.short_conv=1000",
     "hydra.run.dir={blocker}/\x1b[31mred\x1b[0m",
+    "hydra.run.dir={blocker}/run", "task=mqar task.vocab_size=10000000000", "attn=based attn.feature_dim=1000000000",
+    "ffn=moe ffn.experts=1000000000", "pos.scaling=ntk pos.scaling_factor=1e308",
 }
 
 

@@ -15,6 +15,7 @@ from blocklab import folder
 from blocklab.checkpoint import check_run_files, load_checkpoint
 from blocklab.errors import ConfigError
 from blocklab.model import ModelConfig, build_model
+from blocklab.model.size import memory_error, model_size, size_keys
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, unfinished_run_error
 from blocklab.schema import schema_errors
@@ -66,7 +67,19 @@ def _validated(config: RunConfig) -> "Setup":
     errors = model_cfg.errors() or model_cfg.norm.batch_errors(task.batch_size)
     if errors:
         raise ConfigError("\n".join(errors))
+    # The memory bound, from the model itself (built on the meta device: model/size.py).
+    sizes = ", ".join([*size_keys(model_cfg), _vocabulary(config["task"], model_cfg.vocab_size)])
+    error = memory_error(model_cfg, config["trainer"].get("precision"), sizes, "make the model smaller")
+    if error:
+        raise ConfigError(error)
     return Setup(config, model_cfg, Path(config["run_dir"]), task)
+
+
+def _vocabulary(task: dict, vocab_size: int) -> str:
+    """The vocabulary's size as the command sets it: task.vocab_size where the task has that key, else the task's."""
+    if task.get("vocab_size") == vocab_size:
+        return f"task.vocab_size={vocab_size}"
+    return f"task={task.get('name')}'s vocabulary of {vocab_size} tokens"
 
 
 def _frozen(task: dict) -> str:
@@ -134,7 +147,7 @@ class Setup:
         error = unfinished_run_error(run_dir)
         if error:
             raise ConfigError(error)
-        fix = "restore the run from a copy, or train it again in a new hydra.run.dir"
+        fix = RUN_FILE_FIX
         folder.check_tree(run_dir)
         try:
             model_cfg = ModelConfig.from_dict(folder.read_json(run_dir, MODEL_FILE))
@@ -142,9 +155,6 @@ class Setup:
             raise
         except Exception as err:  # not JSON, or not a model config BlockLab wrote
             raise ConfigError(damaged(run_dir / MODEL_FILE, err)) from None
-        # Checksummed: it vouches for the files read here, and is read no larger than model.json's model allows.
-        state = load_checkpoint(run_dir, CHECKPOINT, parameter_count(model_cfg), fix)
-        check_run_files(run_dir, state, fix)
         try:  # as data: no alias expanded, no interpolation resolved
             config = folder.read_yaml(run_dir, SAVED_CONFIG)
             if not isinstance(config, dict) or not all(isinstance(config.get(g), dict) for g in RUN_GROUPS):
@@ -153,8 +163,15 @@ class Setup:
             raise
         except Exception as err:  # truncated or flipped YAML, or a config that lost a group
             raise ConfigError(damaged(run_dir / SAVED_CONFIG, err)) from None
+        check_saved_model(run_dir, model_cfg, config)  # before anything is allocated
+        # Checksummed: it vouches for the files read above, and is read no larger than model.json's model allows.
+        state = load_checkpoint(run_dir, CHECKPOINT, model_size(model_cfg).parameters, fix)
+        check_run_files(run_dir, state, fix)
         task = build_task(config["task"], config["seed"], is_seq2seq(config["model"]["arch"]),
                           Placement.from_pos(config["pos"])) if with_task else None
+        if task is not None and task.vocab_size != model_cfg.vocab_size:
+            raise ConfigError(f"{run_dir / MODEL_FILE} has vocab_size={model_cfg.vocab_size}, but the task of "
+                              f"{run_dir / SAVED_CONFIG} has {task.vocab_size} tokens; {RUN_FILE_FIX}")
         return cls(config, model_cfg, run_dir, task, checkpoint=state)
 
     def save(self) -> None:
@@ -174,7 +191,7 @@ class Setup:
         """The model with the weights of the run's last checkpoint, in eval mode."""
         model = build_model(self.model_cfg)
         path = self.run_dir / CHECKPOINT
-        state = (self.checkpoint or load_checkpoint(self.run_dir, CHECKPOINT, parameter_count(self.model_cfg),
+        state = (self.checkpoint or load_checkpoint(self.run_dir, CHECKPOINT, model_size(self.model_cfg).parameters,
                                                     "train the run again in a new hydra.run.dir"))["state_dict"]
         try:
             model.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
@@ -184,18 +201,44 @@ class Setup:
         return model.eval()
 
     def saved_tokenizer(self) -> Tokenizer:
-        try:
-            return Tokenizer.from_str(folder.read_text(self.run_dir, TOKENIZER_FILE))
-        except folder.FolderError:
-            raise
-        except Exception as err:  # the tokenizers library raises its own exception type for a bad file
-            raise ConfigError(damaged(self.run_dir / TOKENIZER_FILE, err)) from None
+        return read_tokenizer(self.run_dir)
 
 
-def parameter_count(model_cfg: ModelConfig) -> int:
-    """The model's exact parameter count, from a build on the meta device: shapes only, nothing allocated."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in build_model(model_cfg).parameters())
+def read_tokenizer(run_dir: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_str(folder.read_text(run_dir, TOKENIZER_FILE))
+    except folder.FolderError:
+        raise
+    except Exception as err:  # the tokenizers library raises its own exception type for a bad file
+        raise ConfigError(damaged(run_dir / TOKENIZER_FILE, err)) from None
+
+
+RUN_FILE_FIX = "restore the run from a copy, or train it again in a new hydra.run.dir"
+
+
+def check_saved_model(run_dir: Path, model_cfg: ModelConfig, config: RunConfig) -> None:
+    """A run's model.json checked as the command line checks a model (ModelConfig.errors(), then the memory bound),
+    and its tokenizer.json's ids against that vocabulary, before anything is allocated: a folder may come from
+    anyone, with a checkpoint that carries no digests to vouch for these files. One ConfigError line naming the
+    file and the fix."""
+    path, trainer = run_dir / MODEL_FILE, config.get("trainer")
+    try:
+        problems = model_cfg.errors()
+        too_big = None if problems else memory_error(
+            model_cfg, trainer.get("precision") if isinstance(trainer, dict) else None,
+            f"{path} sets {', '.join([*size_keys(model_cfg), f'vocab_size={model_cfg.vocab_size}'])}, which",
+            RUN_FILE_FIX)
+    except Exception as err:  # values of types no command line gives (a list where a number goes)
+        raise ConfigError(damaged(path, err)) from None
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(f"{path} describes no model BlockLab can build: {problems[0]}{more}; {RUN_FILE_FIX}")
+    if too_big:
+        raise ConfigError(too_big)
+    ids = read_tokenizer(run_dir).get_vocab().values()
+    if ids and max(ids) >= model_cfg.vocab_size:
+        raise ConfigError(f"{run_dir / TOKENIZER_FILE} has token id {max(ids)}, past the vocabulary of {path} "
+                          f"(vocab_size={model_cfg.vocab_size}); {RUN_FILE_FIX}")
 
 
 # The Setup validated last, by its config's content (_content): what the command line built, for its run.

@@ -335,27 +335,10 @@ def physical_memory() -> int | None:
         return None
 
 
-def parameter_bytes(model: dict, precision) -> int:
-    """A lower bound on the bytes training a model of this size holds: its attention and FFN weights alone (no
-    embeddings, no norms, one stack of layers), each with its gradient and Adam's two moments."""
-    d, layers = model["d_model"], model["n_layers"]
-    d_ff = model["d_ff"] if model.get("d_ff") is not None else 4 * d
-    per_layer = 4 * d * d + (2 * d * d_ff if model.get("ffn", True) else 0)  # q, k, v, out; the FFN's two matrices
-    width = 8 if PRECISIONS.get(precision) == "64-true" else 4
-    return layers * per_layer * width * STATE_COPIES
-
-
 def _cross_errors(config: dict) -> list[str]:
-    """Constraints between keys of the framework's groups."""
+    """Constraints between keys of the framework's groups. (The memory bound needs the model: experiment.py checks
+    it once the model config is valid, from the model built on the meta device.)"""
     optim, pos, errors = config["optim"], config["pos"], []
-    memory, needed = physical_memory(), parameter_bytes(config["model"], config["trainer"].get("precision"))
-    if memory is not None and needed > memory:
-        model = config["model"]
-        sizes = ", ".join(f"model.{key}={model[key]}" for key in ("d_model", "n_layers", "d_ff")
-                          if model.get(key) is not None)
-        errors.append(f"{sizes} need at least "
-                      f"{needed / 2**30:.3g} GiB to train (weights, gradients and Adam's moments) and this machine "
-                      f"has {memory / 2**30:.3g} GiB; make the model smaller")
     if "min_lr" in optim and "lr" in optim and optim["min_lr"] > optim["lr"]:
         errors.append(f"optim.min_lr={optim['min_lr']} must be at most optim.lr={optim['lr']}")
     trainer = config["trainer"]

@@ -190,6 +190,8 @@ def test_cached_decoding_gives_the_logits_of_recomputation(pos, method):
 @pytest.mark.parametrize("pos,options,needle", [
     ("rope", {"scaling": "pi", "scaling_factor": 0.5}, "pos.scaling_factor=0.5 must be a finite number >= 1"),
     ("rope", {"scaling": "ntk", "scaling_factor": float("inf")}, "must be a finite number >= 1"),
+    ("rope", {"scaling": "ntk", "scaling_factor": 1e308}, "pos.scaling_factor=1e+308 must be a finite number >= 1 and "
+                                                          "at most 1,000,000"),  # NTK's base overflowed
     ("rope", {"scaling": "yarn", "scaling_factor": 2.0, "original_context": None}, "pos.original_context=None"),
     ("rope", {"scaling": "yarn", "scaling_factor": 2.0, "original_context": 64, "yarn_alpha": 32.0},
      "0 <= alpha < beta"),

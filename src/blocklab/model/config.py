@@ -134,6 +134,15 @@ def _recorded(registry, name, options: dict) -> dict:
     return {**options, **{key: defaults[key] for key in missing if key in defaults}}
 
 
+def _one_of_divisors(n: int) -> str:
+    """'one of [1, 2, ...]', n's divisors found by trial up to its square root (a million trials at most: a larger n
+    gets 'a divisor of n', so a huge value is refused at once, not after a loop over all of it)."""
+    if n > 10 ** 12:
+        return f"a divisor of {n}"
+    small = [h for h in range(1, math.isqrt(n) + 1) if n % h == 0]
+    return f"one of {sorted(set(small + [n // h for h in small]))}"
+
+
 # ModelConfig fields the task sets (the vocabulary, the longest sequence, sentence pairs), not the model group.
 TASK_DERIVED = ("vocab_size", "max_len", "segments")
 
@@ -249,9 +258,8 @@ class ModelConfig:
         if errs:
             return errs  # the checks below divide by these
         if self.d_model % self.n_heads:
-            divisors = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             errs.append(f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}; "
-                        f"use one of {divisors}")
+                        f"use {_one_of_divisors(self.d_model)}")
         for registry, name in ((ARCHITECTURES, self.arch), (NORM_TYPES, self.norm.type),
                                (PLACEMENTS, self.norm.placement), (ACTIVATIONS, self.act.name),
                                (INIT_SCHEMES, self.init.name)):
@@ -282,7 +290,7 @@ class ModelConfig:
         errs, kv = [], self.attn.n_kv_heads
         if kv is not None and self.n_heads % kv:
             errs.append(f"attn.n_kv_heads={kv} must divide model.n_heads={self.n_heads}; "
-                        f"use one of {[k for k in range(1, self.n_heads + 1) if self.n_heads % k == 0]}")
+                        f"use {_one_of_divisors(self.n_heads)}")
         if self.attn.kind not in ATTENTION_KINDS:
             return errs + [ATTENTION_KINDS.unknown(self.attn.kind)]
         name = self.attn.pattern_name

@@ -28,6 +28,7 @@ from torch import Tensor
 from blocklab.model.attention import ATTENTION_KINDS, Attention
 from blocklab.model.mask import AttentionContext
 from blocklab.model.position import POSITION_SCHEMES
+from blocklab.model.meta import counting
 
 
 def at_least_float32(attend):
@@ -227,6 +228,8 @@ def orthogonal_gaussian(m: int, d: int) -> Tensor:
     """(m, d) random features: blocks of d exactly orthogonal directions (Haar: QR of a Gaussian matrix,
     signs fixed by R's diagonal), each row scaled to the norm of its own d-dim Gaussian vector (chi(d)
     distributed), so each row is marginally N(0, I_d) (Choromanski et al. 2021, sec. 2.4, 'regular')."""
+    if counting():  # the shape only (model/size.py), not m/d QR decompositions
+        return torch.empty(m, d)
     blocks = []
     for _ in range(math.ceil(m / d)):
         q, r = torch.linalg.qr(torch.randn(d, d))

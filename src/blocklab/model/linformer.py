@@ -29,8 +29,9 @@ class Linformer(Attention):
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
                  k: int = 32, max_len: int | None = None):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias)
-        self.e_proj = nn.Parameter(torch.randn(k, max_len) / math.sqrt(k))
-        self.f_proj = nn.Parameter(torch.randn(k, max_len) / math.sqrt(k))
+        # Scaled in place: the same numbers, and a size count (model/size.py) skips the write.
+        self.e_proj = nn.Parameter(torch.randn(k, max_len).div_(math.sqrt(k)))
+        self.f_proj = nn.Parameter(torch.randn(k, max_len).div_(math.sqrt(k)))
 
     @classmethod
     def derived_options(cls, cfg):

@@ -37,6 +37,8 @@ from blocklab.schema import POSITIVE, POSITIVE_INT, Described, Number
 class MixtureOfExperts(nn.Module):
     """`experts` dense FFNs (each as ffn=dense would build it) behind a linear router without bias."""
 
+    repeated_by = "experts"  # identical submodules, one per expert: model/size.py counts one and two, not thousands
+
     def __init__(self, d_model: int, d_ff: int, act: str = "gelu", match_params: bool = True, dropout: float = 0.0,
                  bias: bool = True, experts: int = 4, top_k: int = 1, capacity_factor: float = 1.25,
                  aux_loss_weight: float = 0.01):

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from blocklab.model.meta import counting
 from blocklab.registry import Registry
 
 POSITION_SCHEMES: Registry = Registry("pos.name", framework_args=("d_model", "n_heads", "d_head", "causal"))
@@ -363,12 +364,17 @@ def _finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# The largest context extension: a million times the trained context is past any length a run here evaluates, and
+# keeps NTK's base b s^(d/(d-2)) (s^2 at the smallest head it allows, 4) and YaRN's ln(s) finite.
+MAX_SCALING_FACTOR = 10 ** 6
+
+
 def factor_errors(options: dict) -> list[str]:
     factor = options.get("scaling_factor", 1.0)
-    if _finite_number(factor) and factor >= 1:
+    if _finite_number(factor) and 1 <= factor <= MAX_SCALING_FACTOR:
         return []
-    return [f"pos.scaling_factor={factor!r} must be a finite number >= 1 (the target context over the trained one; "
-            "1: unscaled)"]
+    return [f"pos.scaling_factor={factor!r} must be a finite number >= 1 and at most {MAX_SCALING_FACTOR:,} (the "
+            "target context over the trained one; 1: unscaled)"]
 
 
 def scaling_errors(scheme: type, options: dict, d_head: int | None = None) -> list[str]:
@@ -529,6 +535,8 @@ def _rotate_pairs(x: Tensor, rotation: Tensor) -> Tensor:
 def alibi_slopes(n_heads: int) -> Tensor:
     """Press et al.: geometric slopes 2^(-8/n), 2^(-16/n), ...; for n not a power of two,
     the slopes of the nearest lower power of two plus every other slope of the next one."""
+    if counting():  # the shape only (model/size.py)
+        return torch.empty(n_heads)
 
     def geometric(n):
         start = 2 ** (-8 / n)

@@ -9,7 +9,7 @@ import torch
 
 from blocklab.errors import ConfigError
 from blocklab.experiment import Setup, trained_context
-from blocklab.model import build_model
+from blocklab.model.size import meta_model
 
 
 def continued_setup(setup: Setup) -> Setup:
@@ -36,8 +36,7 @@ def continued_setup(setup: Setup) -> Setup:
         pos = dataclasses.replace(model_cfg.pos, options={**model_cfg.pos.options, "original_context": context})
         model_cfg = dataclasses.replace(model_cfg, pos=pos)
     weights = model_weights(origin.checkpoint)
-    with torch.device("meta"):  # shapes only: nothing allocated
-        expected = {k: tuple(v.shape) for k, v in build_model(model_cfg).state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in meta_model(model_cfg).state_dict().items()}  # nothing allocated
     given = {k: tuple(v.shape) for k, v in weights.items()}
     if given != expected:
         differ = sorted(k for k in set(given) | set(expected) if given.get(k) != expected.get(k))

@@ -15,7 +15,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from blocklab.experiment import RunConfig, Setup, parameter_count, run_config
+from blocklab.experiment import RunConfig, Setup, run_config
+from blocklab.model.size import model_size
 from blocklab.errors import ConfigError, RunFolderError, print_error
 from blocklab.hardware import accelerator_error, keep_freed_memory, precision_warning, use_threads
 from blocklab.results import (CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, flatten, print_summary,
@@ -68,7 +69,7 @@ def prepare(cfg: RunConfig | DictConfig) -> Setup:
     check_loggers(config["logger"])
     check_run_dir(setup.run_dir)
     setup = continued_setup(setup)  # trainer.resume_from: its source checked, YaRN's original context its own
-    step, adopted = resume_step(setup.run_dir, config, parameter_count(setup.model_cfg))
+    step, adopted = resume_step(setup.run_dir, config, model_size(setup.model_cfg).parameters)
     if adopted:  # a run an older BlockLab started resumes as it started (pos.yarn_ramp=paper, ...)
         print(f"resuming as this run started: {', '.join(f'{k}={v}' for k, v in adopted.items())}", file=sys.stderr)
         setup = continued_setup(Setup.from_config(with_keys(config, adopted)))
@@ -132,7 +133,7 @@ def train_and_evaluate(config: RunConfig) -> float | None:
     # Resolved first: a trainer key may interpolate another group (a sweep's max_steps: ${mul:600,${study.scale}}).
     lightning_args = {k: v for k, v in config["trainer"].items() if k not in BLOCKLAB_TRAINER_KEYS}
     trainer = instantiate(lightning_args, logger=loggers or False, callbacks=callbacks, default_root_dir=str(run_dir),
-                          plugins=[AtomicCheckpointIO(parameter_count(setup.model_cfg))])
+                          plugins=[AtomicCheckpointIO(model_size(setup.model_cfg).parameters)])
 
     # Each iterator a DataLoader starts draws a seed from its generator: an own one keeps the global state,
     # which dropout draws from and the checkpoint carries, exactly where the training steps leave it.
