@@ -8,9 +8,12 @@ from omegaconf import OmegaConf
 
 from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY, load_checkpoint
 from blocklab.errors import ConfigError
+from blocklab.model import ModelConfig
 from blocklab.naming import job_name_excluded_keys, override_key
 from blocklab.results import CHECKPOINT, SAVED_CONFIG, flatten
 
+# What a user can do about a checkpoint that cannot be resumed.
+RESUME_FIX = "delete it to start over, or run with resume=false (it is then kept aside)"
 # Keys BlockLab had and removed, which never changed what a run computes: a run saved with them still resumes.
 # study.pack_seeds trained a setting's seeds as one batched model (docs/decisions/seed-packing.md).
 RETIRED_KEYS = frozenset({"study.pack_seeds"})
@@ -43,19 +46,48 @@ def keys_set_now() -> frozenset[str]:
     return frozenset(override_key(o) for o in HydraConfig.get().overrides.task)
 
 
-def resume_step(run_dir: Path, config: dict) -> int | None:
+def resume_step(run_dir: Path, config: dict, model_cfg: ModelConfig | None = None) -> int | None:
     """The step to resume from, or None for a fresh start. Checks before anything is written. The checkpoint is
     read without unpickling objects, and its config is compared with this command's: the saved
-    .hydra/config.yaml's, or, where that file is gone, the one the checkpoint carries."""
+    .hydra/config.yaml's, or, where that file is gone, the one the checkpoint carries. With the model config this
+    command built, the checkpoint must also hold all that Lightning restores, fitting that model (restore_error)."""
     ckpt = run_dir / CHECKPOINT
     if not ckpt.exists() or not config.get("resume", True):
         return None
-    state = load_checkpoint(ckpt, "delete it to start over, or run with resume=false (it is then kept aside)")
+    state = load_checkpoint(ckpt, RESUME_FIX)
     diffs = config_differences(saved_config(run_dir, state), config, keys_set_now())
     if diffs:
         raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
                           "use another hydra.run.dir, or resume=false to start this one afresh")
+    from blocklab.train.module import restore_error  # Lightning's import: not in a sweep's checks (config_differences)
+
+    if model_cfg is not None and (error := restore_error(state, model_cfg)):
+        raise ConfigError(f"checkpoint {ckpt} cannot be resumed: {error}; {RESUME_FIX}")
     return state["global_step"]
+
+
+def guard_restore(trainer, ckpt: Path, step: int) -> None:
+    """Lightning's restore of `ckpt` in `trainer`'s next fit, with any failure inside it one ConfigError naming the
+    file: restore_error checked the checkpoint first, and this is for whatever a crafted file can still break there
+    (random states, a callback's state). Restored, the loops must stand at the checkpoint's step, or the run would
+    count its steps, and its schedule, from another one. GracefulInterrupt saves nothing before a step trains, so
+    the file stays as it was."""
+    connector = trainer._checkpoint_connector
+
+    def guarded(restore, check_step: bool):
+        def run(*args, **kwargs):
+            try:
+                restore(*args, **kwargs)
+            except Exception as err:
+                raise ConfigError(f"checkpoint {ckpt} cannot be resumed: Lightning could not restore it "
+                                  f"({type(err).__name__}); {RESUME_FIX}") from None
+            if check_step and trainer.global_step != step:
+                raise ConfigError(f"checkpoint {ckpt} cannot be resumed: its loops stand at step "
+                                  f"{trainer.global_step}, its global_step is {step}; {RESUME_FIX}")
+        return run
+
+    connector._restore_modules_and_callbacks = guarded(connector._restore_modules_and_callbacks, False)
+    connector.restore_training_state = guarded(connector.restore_training_state, True)
 
 
 def saved_config(run_dir: Path, state: dict) -> dict:
