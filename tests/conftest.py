@@ -24,6 +24,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     _threads = max(1, cpu_count() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads))  # the train.py subprocesses tests start
+    if os.environ["OMP_NUM_THREADS"].isdigit():  # one the user set: the same count here as in those subprocesses
+        _threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
     torch.set_num_threads(_threads)
 CONF = CONF_DIR  # the packaged config (conf/ at the root is a link to it)
 

@@ -46,10 +46,14 @@ def native_bf16() -> bool | None:
 
 
 def use_threads(trainer: dict, share: int | None = None) -> None:
-    """trainer.threads, where set; else `share` (a job's share of the cores beside other jobs), where given;
-    else torch keeps what the process was given (every core, or OMP_NUM_THREADS)."""
-    if threads := trainer.get("threads") or share:
-        torch.set_num_threads(threads)
+    """Pin torch's CPU threads for a run: trainer.threads, where set; else `share` (a job's share of the cores beside
+    other jobs), where given; else the count the process started with (torch's default of every physical core, or
+    OMP_NUM_THREADS). Pinned even where the count does not change: torch.set_num_threads is also what turns off MKL's
+    dynamic threading (mkl_set_dynamic(false)), under which MKL may run a matrix product on fewer threads than asked,
+    by heuristics of its own that differ between CPUs, and so round it differently from a process that called it (a
+    test's own process, a sweep job). Every run then computes on exactly the thread count results.json records, the
+    condition of bit-identical resumes and reruns (docs/running.md)."""
+    torch.set_num_threads(trainer.get("threads") or share or torch.get_num_threads())
 
 
 # glibc's mallopt parameters (malloc.h) and the largest mmap threshold it documents on 64-bit systems.

@@ -101,10 +101,22 @@ class LastCheckpoint(ModelCheckpoint):
 
 class GracefulInterrupt(Callback):
     """Ctrl-C or SIGTERM: finish the current step, save the checkpoint, and stop (Lightning raises
-    SIGTERMException at the step boundary). A second Ctrl-C interrupts at once."""
+    SIGTERMException at the step boundary). A second Ctrl-C interrupts at once.
+
+    Any other failure saves too, but only once this process has trained a step: before that the checkpoint on disk
+    is all there is. A resume whose restore fails (a checkpoint Lightning cannot load) has weights, optimizer or
+    step counts half restored, and saving them would overwrite the file that could not be read with a fresh
+    optimizer at its step, which the same command would then resume from without a word."""
 
     def __init__(self, checkpoint: Path):
         self.checkpoint = checkpoint
+        self.trained = False  # whether this process finished a training step (after any restore)
+
+    def setup(self, trainer, pl_module, stage):
+        self.trained = False  # before Lightning restores a checkpoint
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.trained = True
 
     def on_train_start(self, trainer, pl_module):
         def first_interrupt(signum, frame):
@@ -119,6 +131,6 @@ class GracefulInterrupt(Callback):
 
     def on_exception(self, trainer, pl_module, exception):
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        if trainer.global_step > 0 and not isinstance(exception, DiskFull):  # a full disk takes no second try
+        if self.trained and not isinstance(exception, DiskFull):  # a full disk takes no second try
             trainer.save_checkpoint(self.checkpoint, weights_only=False)  # explicit: Lightning logs its default
             print(f"saved {self.checkpoint} at step {trainer.global_step}", file=sys.stderr)

@@ -10,6 +10,7 @@ import torch
 from blocklab.errors import ConfigError
 from blocklab.experiment import Setup, trained_context
 from blocklab.model.size import meta_model
+from blocklab.results import CHECKPOINT
 
 
 def continued_setup(setup: Setup) -> Setup:
@@ -36,6 +37,10 @@ def continued_setup(setup: Setup) -> Setup:
         pos = dataclasses.replace(model_cfg.pos, options={**model_cfg.pos.options, "original_context": context})
         model_cfg = dataclasses.replace(model_cfg, pos=pos)
     weights = model_weights(origin.checkpoint)
+    if name := next((k for k, v in weights.items() if not isinstance(v, torch.Tensor)), None):
+        raise ConfigError(f"trainer.resume_from={source}: checkpoint {source_dir / CHECKPOINT} holds its weight "
+                          f"model.{name} as a {type(weights[name]).__name__}, not a tensor; restore the run from a "
+                          "copy, or continue another")
     expected = {k: tuple(v.shape) for k, v in meta_model(model_cfg).state_dict().items()}  # nothing allocated
     given = {k: tuple(v.shape) for k, v in weights.items()}
     if given != expected:
@@ -48,7 +53,8 @@ def continued_setup(setup: Setup) -> Setup:
 
 
 def model_weights(checkpoint: dict) -> dict:
-    return {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    return {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items()
+            if isinstance(k, str) and k.startswith("model.")}
 
 
 def load_source_weights(model: torch.nn.Module, setup: Setup) -> None:

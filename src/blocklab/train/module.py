@@ -29,12 +29,17 @@ def build_optimizer(model: torch.nn.Module, optim: dict) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices and embeddings only. The fused kernel does the same update
     as the default per-tensor loop in one pass over all parameters, which shortens a small model's CPU
     step markedly (`python -m blocklab.bench step` times the step)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    decay, no_decay = optimizer_params(model)
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
         lr=optim["lr"], betas=tuple(optim["betas"]), fused=True,
     )
+
+
+def optimizer_params(model: torch.nn.Module) -> tuple[list, list]:
+    """The parameters AdamW decays (matrices and embeddings) and those it does not: its two groups, in its order."""
+    params = list(model.parameters())
+    return [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
 
 
 def rng_states() -> dict:
@@ -44,6 +49,13 @@ def rng_states() -> dict:
     kind, key, *rest = states["numpy"]
     states["numpy"] = (kind, key.tolist(), *rest)
     return states
+
+
+# The running totals a checkpoint carries (LitTransformer.TOTALS), with their types: a resume restores each as it is
+# and adds to it at the next step.
+TOTAL_TYPES = {"tokens_seen": int, "step_time_s": (int, float), "train_time_s": (int, float),
+               "last_train_loss": (int, float), "steps_to_target": (int, type(None)), "train_loss_curve": list,
+               "_loss_window": list}
 
 
 class LitTransformer(L.LightningModule):
@@ -76,8 +88,7 @@ class LitTransformer(L.LightningModule):
 
     CURVE_POINTS = 20
     # Running totals survive a resume, so results (train time and throughput too) are the whole run's.
-    TOTALS = ("tokens_seen", "step_time_s", "train_time_s", "last_train_loss", "steps_to_target", "train_loss_curve",
-              "_loss_window")
+    TOTALS = tuple(TOTAL_TYPES)
 
     def _count_train_time(self) -> None:
         now = time.perf_counter()
@@ -100,7 +111,8 @@ class LitTransformer(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint):
         for name, value in checkpoint.get("blocklab", {}).items():
-            setattr(self, name, value)
+            if name in self.TOTALS:  # restore_error refused any other name before Lightning restored anything
+                setattr(self, name, value)
         if "rng_states" in checkpoint:
             _set_rng_states(checkpoint["rng_states"])
 
@@ -214,3 +226,84 @@ class LitTransformer(L.LightningModule):
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, self.optim["warmup_steps"], total, min_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+# What Lightning reads from a checkpoint to resume a fit, each with its type: a full save (GracefulInterrupt,
+# LastCheckpoint) always has them all. Without `loops` Lightning would restart the step count at 0, silently.
+RESUME_KEYS = {"epoch": int, "global_step": int, "pytorch-lightning_version": str, "state_dict": dict, "loops": dict,
+               "callbacks": dict, "optimizer_states": list, "lr_schedulers": list}
+
+
+def restore_error(checkpoint: dict, model_cfg: ModelConfig) -> str | None:
+    """Why Lightning could not resume a LitTransformer of `model_cfg` from `checkpoint`, as a phrase, or None. Checked
+    before anything is restored: what Lightning reads (RESUME_KEYS), the weights' names and shapes against this
+    config's model (built on the meta device: nothing is allocated), AdamW's state against its parameter groups, and
+    the module's own running totals. A crafted file could still fail inside Lightning in other ways; resume.py's
+    guard makes that one line too."""
+    for key, kind in RESUME_KEYS.items():
+        if key not in checkpoint:
+            return f"it has no {key}"
+        if not isinstance(checkpoint[key], kind):
+            return f"its {key} is a {type(checkpoint[key]).__name__}, not a {kind.__name__}"
+    if not isinstance(checkpoint["loops"].get("fit_loop"), dict):
+        return "its loops hold no fit_loop"
+    with torch.device("meta"):
+        model = build_model(model_cfg)
+    return (_weights_error(checkpoint["state_dict"], model) or _optimizer_error(checkpoint["optimizer_states"], model)
+            or _schedule_error(checkpoint["lr_schedulers"]) or _totals_error(checkpoint.get("blocklab", {})))
+
+
+def _weights_error(state_dict: dict, model: torch.nn.Module) -> str | None:
+    expected = {f"model.{name}": tuple(value.shape) for name, value in model.state_dict().items()}
+    for name, shape in expected.items():
+        value = state_dict.get(name)
+        if value is None:
+            return f"it has no weight {name}"
+        if not isinstance(value, torch.Tensor):
+            return f"its weight {name} is a {type(value).__name__}, not a tensor"
+        if tuple(value.shape) != shape:
+            return f"its weight {name} has shape {tuple(value.shape)}, this config's model {shape}"
+    extra = sorted(str(name) for name in state_dict if name not in expected)
+    if extra:
+        shown = ", ".join(extra[:3]) + (", ..." if len(extra) > 3 else "")
+        return f"it holds weights this config's model does not have ({shown})"
+    return None
+
+
+def _optimizer_error(states: list, model: torch.nn.Module) -> str | None:
+    """AdamW's saved state (torch's Optimizer.state_dict: parameters numbered in group order) against this model's
+    groups: torch checks the group sizes when it loads, but moment tensors of another shape only fail at a step."""
+    if len(states) != 1 or not isinstance(states[0], dict):
+        return "its optimizer_states is not the state of one optimizer"
+    groups, state = states[0].get("param_groups"), states[0].get("state")
+    params = optimizer_params(model)
+    if not isinstance(groups, list) or not isinstance(state, dict) or len(groups) != len(params) \
+            or any(not isinstance(group, dict) or not isinstance(group.get("params"), list) for group in groups):
+        return "its optimizer state is not AdamW's (param_groups and state)"
+    ids = [i for group in groups for i in group["params"]]
+    if [len(group["params"]) for group in groups] != [len(group) for group in params] \
+            or not all(isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
+        return "its optimizer state is for other parameters than this config's model has"
+    shapes = dict(zip(ids, (tuple(p.shape) for group in params for p in group)))
+    for i, moments in state.items():
+        if i not in shapes or not isinstance(moments, dict) or not isinstance(moments.get("step"), torch.Tensor) \
+                or any(not isinstance(moments.get(key), torch.Tensor) or tuple(moments[key].shape) != shapes[i]
+                       for key in ("exp_avg", "exp_avg_sq")):
+            return f"its optimizer state for parameter {i} does not fit this config's model"
+    return None
+
+
+def _schedule_error(schedules: list) -> str | None:
+    if len(schedules) != 1 or not isinstance(schedules[0], dict) \
+            or not isinstance(schedules[0].get("last_epoch"), int) or "lr_lambdas" not in schedules[0]:
+        return "its lr_schedulers is not the state of one learning-rate schedule"
+    return None
+
+
+def _totals_error(totals) -> str | None:
+    if not isinstance(totals, dict):
+        return f"its blocklab totals are a {type(totals).__name__}, not a dict"
+    for name, value in totals.items():
+        if name not in TOTAL_TYPES or not isinstance(value, TOTAL_TYPES[name]):
+            return f"its blocklab totals hold {str(name)[:40]!r} as a {type(value).__name__}"
+    return None

@@ -7,9 +7,12 @@ from hydra.core.hydra_config import HydraConfig
 from blocklab import folder
 from blocklab.checkpoint import CHECKPOINT_CONFIG_KEY, load_checkpoint
 from blocklab.errors import ConfigError
+from blocklab.model import ModelConfig
 from blocklab.naming import job_name_excluded_keys, override_key
 from blocklab.results import CHECKPOINT, SAVED_CONFIG, flatten
 
+# What a user can do about a checkpoint that cannot be resumed.
+RESUME_FIX = "delete it to start over, or run with resume=false (it is then kept aside)"
 # Keys BlockLab had and removed, which never changed what a run computes: a run saved with them still resumes.
 # study.pack_seeds trained a setting's seeds as one batched model (docs/decisions/seed-packing.md).
 RETIRED_KEYS = frozenset({"study.pack_seeds"})
@@ -60,17 +63,21 @@ def keys_set_now() -> frozenset[str]:
     return frozenset(override_key(o) for o in HydraConfig.get().overrides.task)
 
 
-def resume_step(run_dir: Path, config: dict, parameters: int | None = None) -> tuple[int | None, dict]:
+def resume_step(run_dir: Path, config: dict, model_cfg: ModelConfig | None = None) -> tuple[int | None, dict]:
     """The step to resume from (None for a fresh start), and the keys the run must take to resume as it started:
     those an older BlockLab's saved config lacks whose new default would change what the run computes, at the old
     behaviour's values (`with_old_behaviour`), unless this command sets them. Checks before anything is written.
-    The checkpoint is read without unpickling objects, and its config is compared with this command's: the saved
-    .hydra/config.yaml's, or, where that file is gone, the one the checkpoint carries."""
+    The checkpoint is read without unpickling objects, no larger than the model allows, and its config is compared
+    with this command's: the saved .hydra/config.yaml's, or, where that file is gone, the one the checkpoint
+    carries. With the model config this command built, the checkpoint must also hold all that Lightning restores,
+    fitting that model (restore_error); the caller checks that again once the adopted keys are in (check_restorable)."""
     ckpt = run_dir / CHECKPOINT
     if not folder.exists(run_dir, CHECKPOINT) or not config.get("resume", True):
         return None, {}
-    state = load_checkpoint(run_dir, CHECKPOINT, parameters,
-                            "delete it to start over, or run with resume=false (it is then kept aside)")
+    from blocklab.model.size import model_size
+
+    parameters = model_size(model_cfg).parameters if model_cfg is not None else None
+    state = load_checkpoint(run_dir, CHECKPOINT, parameters, RESUME_FIX)
     saved, set_now = saved_config(run_dir, state), keys_set_now()
     known = flatten(saved)
     adopted = {k: v for k, v in flatten(with_old_behaviour(saved)).items() if k not in known and k not in set_now}
@@ -78,7 +85,17 @@ def resume_step(run_dir: Path, config: dict, parameters: int | None = None) -> t
     if diffs:
         raise ConfigError(f"{ckpt} was trained with a different config ({'; '.join(diffs)}); "
                           "use another hydra.run.dir, or resume=false to start this one afresh")
+    if model_cfg is not None and not adopted:
+        check_restorable(run_dir, state, model_cfg)
     return state["global_step"], adopted
+
+
+def check_restorable(run_dir: Path, state: dict, model_cfg: ModelConfig) -> None:
+    """A ConfigError where the checkpoint lacks what Lightning restores, or does not fit `model_cfg`'s model."""
+    from blocklab.train.module import restore_error  # Lightning's import: not in a sweep's checks (config_differences)
+
+    if error := restore_error(state, model_cfg):
+        raise ConfigError(f"checkpoint {run_dir / CHECKPOINT} cannot be resumed: {error}; {RESUME_FIX}")
 
 
 def with_keys(config: dict, flat: dict) -> dict:
@@ -88,6 +105,30 @@ def with_keys(config: dict, flat: dict) -> dict:
         group, _, name = key.partition(".")
         config[group][name] = value
     return config
+
+
+def guard_restore(trainer, ckpt: Path, step: int) -> None:
+    """Lightning's restore of `ckpt` in `trainer`'s next fit, with any failure inside it one ConfigError naming the
+    file: restore_error checked the checkpoint first, and this is for whatever a crafted file can still break there
+    (random states, a callback's state). Restored, the loops must stand at the checkpoint's step, or the run would
+    count its steps, and its schedule, from another one. GracefulInterrupt saves nothing before a step trains, so
+    the file stays as it was."""
+    connector = trainer._checkpoint_connector
+
+    def guarded(restore, check_step: bool):
+        def run(*args, **kwargs):
+            try:
+                restore(*args, **kwargs)
+            except Exception as err:
+                raise ConfigError(f"checkpoint {ckpt} cannot be resumed: Lightning could not restore it "
+                                  f"({type(err).__name__}); {RESUME_FIX}") from None
+            if check_step and trainer.global_step != step:
+                raise ConfigError(f"checkpoint {ckpt} cannot be resumed: its loops stand at step "
+                                  f"{trainer.global_step}, its global_step is {step}; {RESUME_FIX}")
+        return run
+
+    connector._restore_modules_and_callbacks = guarded(connector._restore_modules_and_callbacks, False)
+    connector.restore_training_state = guarded(connector.restore_training_state, True)
 
 
 def saved_config(run_dir: Path, state: dict) -> dict:

@@ -30,7 +30,9 @@ from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_loggers, check_loggers, log_results
 from blocklab.train.module import LitTransformer
 from blocklab.train.outcome import choices, outcome
-from blocklab.train.resume import resume_step, set_aside_checkpoints, with_keys
+from blocklab.checkpoint import load_checkpoint
+from blocklab.train.resume import (RESUME_FIX, check_restorable, guard_restore, resume_step, set_aside_checkpoints,
+                                   with_keys)
 from blocklab.train.job import (INTERRUPTED, beside_other_jobs, cores_per_job, in_sweep, job_overrides,
                                 sweep_tags_and_group)
 from blocklab.train.sweep import relaunch_only_this_job, run_as_sweep_job
@@ -69,10 +71,12 @@ def prepare(cfg: RunConfig | DictConfig) -> Setup:
     check_loggers(config["logger"])
     check_run_dir(setup.run_dir)
     setup = continued_setup(setup)  # trainer.resume_from: its source checked, YaRN's original context its own
-    step, adopted = resume_step(setup.run_dir, config, model_size(setup.model_cfg).parameters)
+    step, adopted = resume_step(setup.run_dir, config, setup.model_cfg)
     if adopted:  # a run an older BlockLab started resumes as it started (pos.yarn_ramp=paper, ...)
         print(f"resuming as this run started: {', '.join(f'{k}={v}' for k, v in adopted.items())}", file=sys.stderr)
         setup = continued_setup(Setup.from_config(with_keys(config, adopted)))
+        state = load_checkpoint(setup.run_dir, CHECKPOINT, model_size(setup.model_cfg).parameters, RESUME_FIX)
+        check_restorable(setup.run_dir, state, setup.model_cfg)
     return dataclasses.replace(setup, start_step=step)
 
 
@@ -143,6 +147,7 @@ def train_and_evaluate(config: RunConfig) -> float | None:
                               num_workers=workers, multiprocessing_context="fork" if workers else None)
     val_loader = DataLoader(task.validation_batches(), batch_size=None, generator=torch.Generator())
     if start_step is not None:
+        guard_restore(trainer, run_dir / CHECKPOINT, start_step)
         print(f"resuming {run_dir} from step {start_step}")
     try:
         # max_steps 0 (schema: with trainer.resume_from only): the source's weights evaluated under this config
