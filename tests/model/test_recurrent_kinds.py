@@ -343,3 +343,68 @@ def test_training_memory_grows_linearly_with_the_length(kind):
 
     small, large = saved_bytes(512), saved_bytes(1024)
     assert 1.8 < large / small < 2.2, (small, large)  # above 1.8: the activations, not the weights, dominate
+
+
+# ------------------------------------------------------------------------------ positions and DeltaNet's SiLU
+
+@pytest.mark.parametrize("kind", ["gla", "deltanet"])
+def test_gla_and_deltanet_take_no_positions_unless_asked(kind):
+    """Under pos=rope the kind skips the rotation (its paper and flash-linear-attention's layer use no positions):
+    the same weights compute what they compute under pos=none; attn.rotary=true rotates, and computes otherwise."""
+    idx = tokens((2, 19), seed=5)
+    plain, rope, rotary = (make_model(kind, pos, **options)(idx) for pos, options in
+                           (("none", {}), ("rope", {}), ("rope", {"rotary": True})))
+    torch.testing.assert_close(rope, plain, rtol=0, atol=0)
+    assert (rotary - plain).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind, pos, options, applied", [
+    ("gla", "rope", {}, "none"), ("gla", "rope", {"rotary": True}, "rope"), ("deltanet", "rope", {}, "none"),
+    ("gla", "learned", {}, "learned"), ("gla", "none", {}, "none"), ("based", "rope", {}, "rope"),
+    ("softmax", "rope", {}, "rope"), ("softmax", "alibi", {}, "alibi")])
+def test_results_record_the_positions_the_model_sees(kind, pos, options, applied):
+    from blocklab.train.outcome import choices
+    from variants import tiny_cfg
+
+    cfg = tiny_cfg(pos, vocab_size=V, kind=kind, options=options)
+    assert choices(cfg, seed=0)["positions"] == applied
+
+
+@pytest.mark.parametrize("group", [None, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("kind", ["gla", "deltanet"])
+def test_cached_decoding_with_rotary_equals_recomputation(kind, group):
+    model = make_model(kind, "rope", n_kv_heads=group, rotary=True)
+    assert_cached_steps_equal_full(model, tokens((2, 33), seed=3), prefix=7, then=18)
+
+
+@pytest.mark.parametrize("activation", ["silu", "none"])
+def test_deltanet_layer_equals_the_delta_rule_on_activated_unit_keys(activation):
+    """The whole layer against the oracle: q, k, v from its projection; SiLU on q and k (flash-linear-attention
+    0.3's DeltaNet layer default, `qk_activation="silu"`, fla/layers/delta_net.py) or none, then the L2 norm; beta =
+    sigmoid(x W_beta); the paper's delta rule per head (delta_oracle); each head RMS-normalized; out_proj."""
+    layer = ATTENTION_KINDS["deltanet"](16, 2, chunk=4, qk_activation=activation).double()
+    torch.manual_seed(0)
+    for p in layer.parameters():
+        p.data = torch.randn_like(p) * 0.3
+    x = draw(1, 9, 16, seed=2)
+    act = F.silu if activation == "silu" else (lambda t: t)
+    q, k, v = layer.qkv_proj(x).split(layer.qkv_sizes, dim=-1)
+    beta = torch.sigmoid(layer.beta_proj(x))[0]
+    heads = []
+    for h in range(2):
+        cut = slice(8 * h, 8 * h + 8)
+        qh, kh = F.normalize(act(q[0, :, cut]), dim=-1), F.normalize(act(k[0, :, cut]), dim=-1)
+        heads.append(layer.out_norm(delta_oracle(qh, kh, v[0, :, cut], beta[:, h])))
+    expected = layer.out_proj(torch.cat(heads, dim=-1))[None]
+    from blocklab.model.position import NoPE
+
+    got = layer(x, AttentionContext(torch.arange(9)[None], NoPE(16, 2, 8), None, True))
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind, missing, old", [("gla", {}, {"rotary": True}),
+                                                ("deltanet", {}, {"rotary": True, "qk_activation": "none"})])
+def test_a_run_saved_before_the_options_reads_as_it_trained(kind, missing, old):
+    assert ATTENTION_KINDS[kind].old_run_options(missing) == old
+    assert ATTENTION_KINDS[kind].old_run_options({"rotary": False, "qk_activation": "silu"}) == \
+        {"rotary": False, "qk_activation": "silu"}

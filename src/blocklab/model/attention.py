@@ -63,6 +63,11 @@ class Attention(nn.Module):
         """Constraints on the model config and this kind's options, one line each naming key and fix."""
         return []
 
+    @classmethod
+    def uses_rotation(cls, options: dict) -> bool:
+        """Whether the kind applies a rotary position scheme (RoPE) where one is chosen (results: choices.positions)."""
+        return True
+
     def state_bytes_per_token(self, element_size: int) -> int:
         """How many bytes this layer's decoding state grows by per token (0: a fixed-size state)."""
         raise NotImplementedError

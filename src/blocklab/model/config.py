@@ -13,7 +13,7 @@ from blocklab.model.ffn import ACTIVATIONS, FFN_KINDS
 from blocklab.model.init import INIT_SCHEMES, scheme_errors
 from blocklab.model.norm import NORM_TYPES, PLACEMENTS, batch_size_errors, norm_name
 from blocklab.model.patterns import ATTENTION_PATTERNS
-from blocklab.model.position import POSITION_SCHEMES
+from blocklab.model.position import POSITION_SCHEMES, PositionScheme
 from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors
 
 SUBGROUPS = ("norm", "pos", "attn", "act", "ffn_kind", "init")  # ModelConfig fields filled from their own yaml groups
@@ -193,6 +193,15 @@ class ModelConfig:
         """The attention variant by what it computes: mha, gqa, mqa, or the pattern (local, strided...) for
         softmax; else the kind."""
         return ATTENTION_KINDS[self.attn.kind].label(self)
+
+    @property
+    def positions_applied(self) -> bool:
+        """Whether the model sees positions through its scheme: not where pos=none, nor where the scheme only rotates
+        queries and keys and the attention kind skips the rotation (GLA, DeltaNet without attn.rotary)."""
+        scheme = POSITION_SCHEMES[self.pos.name]
+        if scheme.rotates_only():
+            return ATTENTION_KINDS[self.attn.kind].uses_rotation(self.attn.options)
+        return scheme.embed is not PositionScheme.embed or scheme.adds_bias()
 
     @property
     def ffn_label(self) -> str:

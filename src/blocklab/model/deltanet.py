@@ -24,7 +24,12 @@ from torch import Tensor, nn
 
 from blocklab.model.attention import ATTENTION_KINDS
 from blocklab.model.linear_attention import key_valid
-from blocklab.model.recurrent import RecurrentAttention, float_at_least_32, grouped, padded_to_chunks
+from blocklab.model.recurrent import RecurrentAttention, RotaryOption, float_at_least_32, grouped, padded_to_chunks
+
+
+# attn.qk_activation: applied to q and k before their L2 norm. flash-linear-attention's DeltaNet layer takes SiLU by
+# default (`qk_activation="silu"`, fla/layers/delta_net.py), the paper's Table 1 ablates it; none: the bare L2 norm.
+QK_ACTIVATIONS = {"silu": F.silu, "none": lambda t: t}
 
 
 def ut_transform(k: Tensor, beta: Tensor, *rhs: Tensor) -> list[Tensor]:
@@ -71,17 +76,29 @@ def delta_weights(q: Tensor, k: Tensor, beta: Tensor) -> Tensor:
 
 
 @ATTENTION_KINDS.register("deltanet")
-class DeltaNet(RecurrentAttention):
-    """DeltaNet (module docstring). Option chunk: tokens per chunk of the parallel form."""
+class DeltaNet(RotaryOption, RecurrentAttention):
+    """DeltaNet (module docstring). Options: chunk (tokens per chunk of the parallel form), rotary (RoPE on q and k;
+    off, as in the paper: RotaryOption) and qk_activation (silu, flash-linear-attention's default, or none: applied to
+    q and k before their L2 norm)."""
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
-                 chunk: int = 32):
+                 chunk: int = 32, rotary: bool = False, qk_activation: str = "silu"):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)
         self.beta_proj = nn.Linear(d_model, self.n_kv_heads, bias=bias)
+        self.rotary, self.qk_activation = rotary, qk_activation
+
+    @classmethod
+    def old_run_options(cls, options: dict) -> dict:
+        """A run saved before attn.rotary and attn.qk_activation rotated q and k, and took no SiLU."""
+        options = super().old_run_options(options)
+        return options if "qk_activation" in options else {**options, "qk_activation": "none"}
 
     @classmethod
     def errors(cls, cfg, options):
         errs = super().errors(cfg, options)
+        if options.get("qk_activation", "silu") not in QK_ACTIVATIONS:
+            errs.append(f"attn.qk_activation={options['qk_activation']!r} must be one of {sorted(QK_ACTIVATIONS)} "
+                        "(silu: flash-linear-attention's default, before the L2 norm)")
         if cfg.attn.scale not in (None, "default") or cfg.attn.scale_factor != 1:
             errs.append("attn.scale and attn.scale_factor do not apply to attn.kind=deltanet (its queries and keys are "
                         "unit vectors); set attn.scale=null attn.scale_factor=1")
@@ -95,6 +112,7 @@ class DeltaNet(RecurrentAttention):
         dtype = q.dtype
         with torch.autocast(q.device.type, enabled=False):
             q, k, v, beta = float_at_least_32(q, k, v, self.pending)
+            q, k = QK_ACTIVATIONS[self.qk_activation](q), QK_ACTIVATIONS[self.qk_activation](k)
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
             valid = key_valid(ctx, k.shape[2])
             if valid is not None:

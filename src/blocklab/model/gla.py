@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from blocklab.model.attention import ATTENTION_KINDS
 from blocklab.model.linear_attention import key_valid
-from blocklab.model.recurrent import RecurrentAttention, float_at_least_32, grouped, padded_to_chunks
+from blocklab.model.recurrent import RecurrentAttention, RotaryOption, float_at_least_32, grouped, padded_to_chunks
 
 
 def gla_chunked(q: Tensor, k: Tensor, v: Tensor, log_alpha: Tensor, held: Tensor | None, chunk: int):
@@ -69,13 +69,15 @@ def gla_weights(q: Tensor, k: Tensor, log_alpha: Tensor) -> Tensor:
 
 
 @ATTENTION_KINDS.register("gla")
-class GatedLinearAttention(RecurrentAttention):
+class GatedLinearAttention(RotaryOption, RecurrentAttention):
     """GLA (module docstring). Options: chunk (tokens per chunk of the parallel form), gate_rank (16, the paper's
-    low rank of the gate) and gate_temperature (tau = 16: alpha = sigmoid(.)^(1/tau) stays near 1, a slow decay)."""
+    low rank of the gate), gate_temperature (tau = 16: alpha = sigmoid(.)^(1/tau) stays near 1, a slow decay) and
+    rotary (RoPE on q and k; off, as in the paper: RotaryOption)."""
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
-                 chunk: int = 8, gate_rank: int = 16, gate_temperature: float = 16.0):
+                 chunk: int = 8, gate_rank: int = 16, gate_temperature: float = 16.0, rotary: bool = False):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)
+        self.rotary = rotary
         self.gate_temperature = gate_temperature
         self.gate_down = nn.Linear(d_model, gate_rank, bias=False)
         self.gate_up = nn.Linear(gate_rank, self.n_kv_heads * self.d_head, bias=True)

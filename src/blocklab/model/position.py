@@ -98,6 +98,12 @@ class PositionScheme(nn.Module):
         return cls.bias is not PositionScheme.bias
 
     @classmethod
+    def rotates_only(cls) -> bool:
+        """Whether the scheme acts only by rotating queries and keys (RoPE): an attention kind that skips the
+        rotation then sees no positions at all."""
+        return cls.rotate is not PositionScheme.rotate and cls.embed is PositionScheme.embed and not cls.adds_bias()
+
+    @classmethod
     def derived_options(cls, cfg) -> dict:
         """Values of options left null ('derive it') in the config, from the model config."""
         return {}

@@ -110,6 +110,26 @@ class RecurrentAttention(Attention):
         return out if self.out_norm is None else self.out_norm(out)
 
 
+class RotaryOption:
+    """attn.rotary for GLA and DeltaNet: RoPE on q and k, off by default. Neither paper, nor flash-linear-attention's
+    layers, nor Zoology's MQAR models give these kinds positions (their decay and delta rule order the tokens), so
+    under pos=rope the kind skips the rotation unless asked, and results.json's `choices.positions` says `none`. A
+    run saved before the option rotated them (`old_run_options`)."""
+
+    rotary = False
+
+    def rotate(self, q, k, ctx):
+        return super().rotate(q, k, ctx) if self.rotary else (q, k)
+
+    @classmethod
+    def uses_rotation(cls, options: dict) -> bool:
+        return bool(options.get("rotary", False))
+
+    @classmethod
+    def old_run_options(cls, options: dict) -> dict:
+        return options if "rotary" in options else {**options, "rotary": True}
+
+
 def grouped(q: Tensor, n_kv_heads: int) -> Tensor:
     """(B, H, T, d) queries -> (B, H_kv, G, T, d): the query heads that share each K/V head's state."""
     return q.unflatten(1, (n_kv_heads, -1))

@@ -24,6 +24,8 @@ def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true")
         "n_kv_heads": model_cfg.attn.n_kv_heads or model_cfg.n_heads, "d_ff": model_cfg.d_ff,
         "norm_type": model_cfg.norm.type, "norm_placement": model_cfg.norm.placement,
         "precision": PRECISIONS[precision], "placement": placement_label(model_cfg.pos),
+        # the scheme as applied: "none" where pos=none, or RoPE on a kind that skips it (GLA, DeltaNet by default)
+        "positions": model_cfg.pos.name if model_cfg.positions_applied else "none",
     }
 
 
