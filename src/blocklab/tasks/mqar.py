@@ -187,8 +187,9 @@ class MQARTask(Task):
         return {key: value[:n] for key, value in self.eval_set(self.num_kv_pairs).items()}
 
     def rows_per_batch(self, pairs: int) -> int:
-        """Evaluation rows per forward pass: the logits (rows x seq_len x vocab) kept to about 2^22 numbers."""
-        return max(1, min(256, 2 ** 22 // (self.buckets[pairs] * self._vocab_size)))
+        """Evaluation rows per forward pass: the logits at the queries (rows x pairs x vocab: the model computes them
+        there alone, forward's `at`) kept to about 2^22 numbers."""
+        return max(1, min(256, 2 ** 22 // (pairs * self._vocab_size)))
 
     def _parts(self, pairs: int):
         full = self.eval_set(pairs)
