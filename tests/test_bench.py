@@ -18,6 +18,7 @@ FIELDS = {
     "launch": {"sweep"},
     "malloc": set(),
     "kernels": {"device"},
+    "masked": {"threads"},
 }
 ROW_FIELDS = {
     "step": {"axis", "variant", "ms", "tokens_per_s", "gflop_per_step", "peak_fraction", "vs_nope"},
@@ -29,6 +30,7 @@ ROW_FIELDS = {
     "launch": {"way", "s", "runs", "exact_match_in", "final_train_loss", "vs_one_after_another"},
     "malloc": {"threads", "malloc", "ms_per_step", "faults_per_step", "vs_default"},
     "kernels": {"device", "precision", "length", "pos", "kernel", "ms", "vs_nope_auto", "peak_mb"},
+    "masked": {"task", "logits at", "vocab", "positions", "ms_median", "ms_best"},
 }
 
 

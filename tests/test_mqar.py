@@ -149,3 +149,16 @@ def test_training_on_mqar_writes_results_for_the_recurrent_kinds(attn, run_dir):
     assert set(rows) == {2, 4} and rows[2]["in_distribution"] and not rows[4]["in_distribution"]
     assert rows[4]["seq_len"] == 32 and all(0 <= row["token_acc"] <= 1 for row in rows.values())
     assert results["choices"]["attn"] == ("mha" if kind == "mha" else kind)
+
+
+@pytest.mark.slow
+def test_the_mqar_learns_preset_learns_recall(run_dir):
+    """The preset the docs lead with for MQAR (issue 54): the first run a user makes recalls, token accuracy (Zoology's
+    MQAR accuracy) >= 0.9 at the training cell (64, 4). About a minute on one CPU thread."""
+    from blocklab.results import read_results
+    from conftest import run_in_process
+
+    run_in_process(["experiment=mqar_learns", "logger=none", "diagnostics=none", "trainer.threads=1"], run_dir)
+    rows = {row["length"]: row for row in read_results(run_dir)["eval"]}
+    assert rows[4]["seq_len"] == 64 and rows[4]["in_distribution"]
+    assert rows[4]["token_acc"] >= 0.9, rows[4]

@@ -1,4 +1,4 @@
-"""`python -m blocklab.bench [step overhead startup attention decode activations launch malloc kernels] [--quick]
+"""`python -m blocklab.bench [step overhead startup attention decode activations launch malloc kernels masked] [--quick]
 [--out PATH]`:
 runs the named benchmarks (all by default), prints a table per benchmark (or the tables it asks for),
 its notes and targets, and writes everything to one JSON file (default outputs/bench/bench-<time>.json,

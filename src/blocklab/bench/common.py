@@ -246,29 +246,48 @@ def default_copy_step(size: str):
     """A function that trains the default copy model (`python train.py`'s) one step a call, as its run does but
     without Lightning, loggers, diagnostics or checkpoints: the task's next training batch, loss, backward, clipping
     at trainer.gradient_clip_val, AdamW at the schedule's rate. tiny: a smaller model for a smoke test."""
+    tiny = ["model.d_model=32", "model.n_layers=1", "task.batch_size=8", "task.max_len=8"] if size == "tiny" else []
+    return default_step(tiny)
+
+
+def full_logits_loss(lit, batch):
+    """The token loss as the training step computed it before it selected the scored positions: the output layer
+    and log-softmax at every position, the unscored ones ignored by cross-entropy (the same value)."""
+    from blocklab.tasks.base import IGNORE, model_inputs
+
+    logits = lit.model(batch["input"], **model_inputs(batch))
+    return F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE)
+
+
+def default_step(overrides: list[str] = (), full_logits: bool = False, seed: int = 0):
+    """A function that trains the model `python train.py OVERRIDES` builds one step a call, as its run does but
+    without Lightning, loggers, diagnostics or checkpoints: the task's next training batch, loss, backward, clipping
+    at trainer.gradient_clip_val, AdamW at the schedule's rate. full_logits: the loss as computed before the step
+    selected the scored positions (`full_logits_loss`). The function's `lit` is the LightningModule it trains, its `task` the task."""
     from hydra import compose, initialize_config_dir
 
     from blocklab.experiment import Setup
     from blocklab.train.module import LitTransformer, build_optimizer, lr_factor
 
-    overrides = ["logger=none", "diagnostics=none", "run_dir=unused"]
-    if size == "tiny":
-        overrides += ["model.d_model=32", "model.n_layers=1", "task.batch_size=8", "task.max_len=8"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        setup = Setup.from_config(compose(config_name="config", overrides=overrides))
+        setup = Setup.from_config(compose(config_name="config", overrides=[
+            "logger=none", "diagnostics=none", "run_dir=unused", *overrides]))
     optim, trainer = setup.config["optim"], setup.config["trainer"]
+    torch.manual_seed(seed)
     lit = LitTransformer(setup.model_cfg, optim)
     opt = build_optimizer(lit.model, optim)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
         s, optim["warmup_steps"], trainer["max_steps"], optim["min_lr"] / optim["lr"]))
     stream, clip = iter(setup.task.train_batches(0)), trainer.get("gradient_clip_val")
+    loss_of = (lambda batch: full_logits_loss(lit, batch)) if full_logits else lit.batch_loss
 
     def step():
-        lit.batch_loss(next(stream)).backward()
+        loss_of(next(stream)).backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(lit.model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         schedule.step()
 
+    step.lit, step.task = lit, setup.task
     return step

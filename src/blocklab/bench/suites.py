@@ -16,6 +16,7 @@ from blocklab.bench.attention import attention
 from blocklab.bench.kernels import kernels
 from blocklab.bench.launch import launch
 from blocklab.bench.malloc import malloc
+from blocklab.bench.masked import masked
 from blocklab.bench.common import (PlainLoop, attn_presets, baby, baby_choice, baby_config, baby_optim, batches,
                                    interleaved, matmul_peak_gflops, nanogpt_step, train_flops, verdict)
 from blocklab.model import build_model
@@ -375,5 +376,5 @@ def activations(size: str = "full") -> dict:
 
 
 BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
-              "activations": activations, "launch": launch, "malloc": malloc, "kernels": kernels}
+              "activations": activations, "launch": launch, "malloc": malloc, "kernels": kernels, "masked": masked}
 

@@ -38,6 +38,9 @@ class Transformer(nn.Module):
     # Bidirectional over one stream: a masked-token task only (tasks check it: Task.masked).
     is_encoder_only = False
     generates = True  # continues a prompt token by token (generate, decoding speed)
+    # forward(at=...) computes the output layer only at the positions given (what a masked loss reads); a model
+    # without it (a plugin architecture) gives logits everywhere and the loss picks its positions from them.
+    selects_positions = True
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -83,17 +86,21 @@ class Transformer(nn.Module):
         return x if self.drop is None else self.drop(x)
 
     def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
-                cache: DecodingCache | None = None, need_weights: bool = False, digit_index: Tensor | None = None):
+                cache: DecodingCache | None = None, need_weights: bool = False, digit_index: Tensor | None = None,
+                at: Tensor | None = None):
         """idx (B, T) token ids; positions (B|1, T) position ids (default: continue from the cache,
         or 0..T-1); valid (B, T) False at padding. With a cache, idx holds only the new tokens.
         digit_index (B, T): each digit's index in its number, for a model with Abacus embeddings.
-        Returns logits (B, T, vocab), and with need_weights also a list of per-layer (B, H, T, Tk)."""
-        return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index)
+        Returns logits (B, T, vocab), and with need_weights also a list of per-layer (B, H, T, Tk).
+        at (N,): flat indices into the B x T positions (row-major, b * T + t); the logits are then (N, vocab), the
+        output layer computed at those positions only (a masked loss reads a few: MQAR's queries, copy's answers)."""
+        return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index, at=at)
 
     def _decode(self, idx, positions, valid, cache, need_weights, *cross, digit_index=None, segment=None,
-                sentence=False):
+                sentence=False, at=None):
         """The self-attention stack over idx (causal unless built bidirectional); `cross` = (cross-attention
-        context, encoder memory) if any. segment and sentence: the encoder-only model's sentence pairs."""
+        context, encoder memory) if any. segment and sentence: the encoder-only model's sentence pairs.
+        at: the positions to give logits at (forward)."""
         ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal, self.pattern,
                                      need_weights)
         tokens = self.tok_emb(idx)
@@ -107,8 +114,8 @@ class Transformer(nn.Module):
             x = block(x, ctx, *cross)
         if cache is not None:
             cache.commit(ctx.k_positions, ctx.k_valid)
-        hidden = apply_norm(self.final_norm, x, valid)
-        logits = self.head(hidden)
+        hidden = apply_norm(self.final_norm, x, valid)  # over every position: a norm's statistics may span tokens
+        logits = self.head(hidden if at is None else hidden.flatten(0, 1).index_select(0, at))
         if need_weights:
             return logits, [block.attn.last_weights for block in self.blocks]
         if sentence:
@@ -143,7 +150,7 @@ class EncoderDecoder(Transformer):
 
     def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
                 cache: DecodingCache | None = None, need_weights: bool = False, source: Tensor | None = None,
-                source_valid: Tensor | None = None):
+                source_valid: Tensor | None = None, at: Tensor | None = None):
         """As the decoder-only forward, plus the source; with a cache the source is encoded once."""
         if cache is not None and cache.memory is not None:
             memory, source_valid = cache.memory, cache.memory_valid
@@ -152,7 +159,7 @@ class EncoderDecoder(Transformer):
             if cache is not None:
                 cache.memory, cache.memory_valid = memory, source_valid
         cross_ctx = cross_attention_context(memory, source_valid, self.pos, cache, need_weights)
-        return self._decode(idx, positions, valid, cache, need_weights, cross_ctx, memory)
+        return self._decode(idx, positions, valid, cache, need_weights, cross_ctx, memory, at=at)
 
 
 @ARCHITECTURES.register("encoder")
@@ -181,11 +188,11 @@ class Encoder(Transformer):
 
     def forward(self, idx: Tensor, positions: Tensor | None = None, valid: Tensor | None = None,
                 cache: DecodingCache | None = None, need_weights: bool = False, digit_index: Tensor | None = None,
-                segment: Tensor | None = None, sentence: bool = False):
+                segment: Tensor | None = None, sentence: bool = False, at: Tensor | None = None):
         """As the decoder-only forward, plus, for a model built for sentence pairs: segment (B, T), each token's
         sentence (0: first, 1: second); with sentence=True also the next-sentence logits (B, 2) (index 1: is next)."""
         return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index, segment=segment,
-                            sentence=sentence)
+                            sentence=sentence, at=at)
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

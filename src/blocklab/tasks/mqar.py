@@ -26,7 +26,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from blocklab.tasks.base import IGNORE, ddp_rank, device_of, on_device
+from blocklab.tasks.base import IGNORE, ddp_rank, device_of
 from blocklab.tasks.interface import TASKS, Task, stream_steps
 
 ZOOLOGY_TEST_BUCKETS = [[64, 4], [128, 8], [256, 16], [256, 32], [256, 64]]
@@ -83,6 +83,15 @@ def mqar_batch(rng: np.random.Generator, rows: int, vocab_size: int, seq_len: in
     targets = np.full((rows, seq_len), IGNORE, dtype=np.int64)
     np.put_along_axis(targets, where, values, axis=1)
     return torch.from_numpy(inputs), torch.from_numpy(targets)
+
+
+def query_logits(model, inputs: Tensor, scored: Tensor) -> Tensor:
+    """The model's logits at the `scored` positions of `inputs` (B, T), in row-major order, on the CPU: only there
+    computed where the model can (forward's `at`), picked from the full logits where it cannot."""
+    device = device_of(model)
+    if getattr(model, "selects_positions", False):
+        return model(inputs.to(device), at=scored.flatten().nonzero().squeeze(1).to(device)).cpu()
+    return model(inputs.to(device)).cpu()[scored]
 
 
 @TASKS.register("mqar")
@@ -178,8 +187,9 @@ class MQARTask(Task):
         return {key: value[:n] for key, value in self.eval_set(self.num_kv_pairs).items()}
 
     def rows_per_batch(self, pairs: int) -> int:
-        """Evaluation rows per forward pass: the logits (rows x seq_len x vocab) kept to about 2^22 numbers."""
-        return max(1, min(256, 2 ** 22 // (self.buckets[pairs] * self._vocab_size)))
+        """Evaluation rows per forward pass: the logits at the queries (rows x pairs x vocab: the model computes them
+        there alone, forward's `at`) kept to about 2^22 numbers."""
+        return max(1, min(256, 2 ** 22 // (pairs * self._vocab_size)))
 
     def _parts(self, pairs: int):
         full = self.eval_set(pairs)
@@ -198,11 +208,12 @@ class MQARTask(Task):
         for pairs in self.eval_lengths:
             loss_sum = right = queries = exact = 0
             for part in self._parts(pairs):
-                logits = model(on_device(part, device_of(model))["input"]).cpu()
                 target = part["target"]
                 scored = target != IGNORE
-                loss_sum += F.cross_entropy(logits[scored].double(), target[scored], reduction="sum").item()
-                hit = (logits.argmax(-1) == target) & scored
+                logits = query_logits(model, part["input"], scored)  # (queries of the part, vocab), row-major
+                loss_sum += F.cross_entropy(logits.double(), target[scored], reduction="sum").item()
+                hit = torch.zeros_like(scored)
+                hit[scored] = logits.argmax(-1) == target[scored]
                 right += int(hit.sum())
                 queries += int(scored.sum())
                 exact += int((hit.sum(1) == scored.sum(1)).sum())
