@@ -308,7 +308,7 @@ def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
     if ea is None or eb is None:
         return "none", f"{claim}: {metric} is not recorded for {a_name if ea is None else b_name}."
     higher = _direction(metric) is not False
-    p = stats.prob_improvement(ea.values, eb.values, higher_is_better=higher)
+    p = stats.common_language(ea.values, eb.values, higher_is_better=higher)
     said = (f"{a_name} {stats.mean_interval(ea)} against {b_name} {stats.mean_interval(eb)} on {metric} "
             f"({stats.seeds_phrase(ea, eb)}), P({a_name} better) = {p:.2f}")
     if stats.overlap(ea, eb):
@@ -399,7 +399,7 @@ def _table(meta: dict, groups) -> dict:
         (ka, a), (kb, b) = groups.items()
         for m in metrics:
             if (higher := _direction(m)) is not None:
-                p = stats.prob_improvement([_metric(j, m) for j in a], [_metric(j, m) for j in b], higher)
+                p = stats.common_language([_metric(j, m) for j in a], [_metric(j, m) for j in b], higher)
                 if p is not None:
                     pairs.append(f"P({setting_name(_keys(meta), ka)} better than {setting_name(_keys(meta), kb)} "
                                  f"on {m}) = {p:.2f}")
@@ -425,7 +425,7 @@ def _against_baseline(meta: dict, groups) -> dict:
     for key, members in groups.items():
         e = stats.estimate([j.get("final_val_loss") for j in members])
         delta = None if e is None or b is None else e.mean - b.mean
-        p = None if is_base(key) else stats.prob_improvement([j.get("final_val_loss") for j in members],
+        p = None if is_base(key) else stats.common_language([j.get("final_val_loss") for j in members],
                                                               [j.get("final_val_loss") for j in base_jobs], False)
         label = setting_name(keys, key).split("=", 1)[-1] if len(keys) == 1 else setting_name(keys, key)
         rows.append((e.mean if e else math.inf, [
