@@ -1,8 +1,9 @@
 """Statistics a reader can trust: bootstrap intervals over seeds, the common-language effect size, a winner named
 only where the intervals are apart, the paired comparison a findings page decides its claims by (paired t-interval,
-exact sign-flip p, Holm, the detectable difference) checked against textbook cases computed by hand, degenerate cases as sentences, the study's own metrics in the table (all
-columns in the CSV), the Narang et al. 2021 summary, budgets read from the runs, and what results.json records
-for them (the training-loss curve, forward FLOPs per token)."""
+exact sign-flip p, Holm, the detectable difference) checked against textbook cases computed by hand, degenerate
+cases as sentences, the study's own metrics in the table (all columns in the CSV), the Narang et al. 2021 summary,
+budgets read from the runs, and what results.json records for them (the training-loss curve, forward FLOPs per
+token)."""
 import base64
 import csv
 import io
@@ -180,7 +181,8 @@ def test_findings_name_a_winner_or_say_not_distinguishable():
     assert "better than 1 of 2 other settings (intervals apart), not distinguishable from the rest at 3 seeds" \
         in mixed.text
     # c's seeds beat a's in 3 of 9 pairs (0.91 > 0.90, 0.93 > 0.90, 0.93 > 0.92): CL(a over c) = 6/9.
-    assert mixed.details[0] == "setting=c: 0.880 [0.800, 0.930]; CL(best over it) = 0.67; not distinguishable at 3 seeds."
+    assert mixed.details[0] == ("setting=c: 0.880 [0.800, 0.930]; CL(best over it) = 0.67; not distinguishable at 3 "
+                                "seeds.")
     (close,) = findings([r for r in rows if r["setting"] != "b"], ["setting"], "exact_match_in")
     assert close.text.startswith("exact_match_in (higher is better): not distinguishable at 3 seeds: the best mean, "
                                  "setting=a 0.920 [0.900, 0.940], overlaps every other setting's 95% interval")

@@ -32,9 +32,11 @@ from blocklab.errors import ConfigError
 from blocklab.hardware import source_commit
 from blocklab.paths import CONF_DIR
 from blocklab.report import stats
-from blocklab.report.build import _direction, _value, beyond_training, learning, learning_note, metrics_spec
+from blocklab.report.build import _direction, _value, learning_note, metrics_spec
 from blocklab.report.collect import RUNNING, UnreadableRun
-from blocklab.report.common import group, name as setting_name, order
+from blocklab.report.common import name as setting_name, order
+from blocklab.report.judge import KEPT, OUTCOMES, also, judge, judge_page, learned  # noqa: F401 (judge, also: the API)
+from blocklab.report.judge import groups_of as _groups, keys_of as _keys, metric_of as _metric
 from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, working
 from blocklab.results import LEARNED_THRESHOLD, RESULTS_FILE, swept_overrides
 
@@ -50,7 +52,6 @@ JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match"
 EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss")
 STUDY_FIELDS = ("name", "scale", "question", "exercise", "source", "paper", "compare", "metrics", "verdict",
                 "baseline", "page")
-OUTCOMES = {"yes": "yes", "scale": "not at this scale", "no": "no", "none": "not measured"}
 NUMERIC = re.compile(r"[-+–\d.,\[\]\s%e]*(\(1 seed\))?")
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
@@ -232,90 +233,10 @@ def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
 
 
 # ---------------------------------------------------------------- from the jsonl to the page
-def _keys(meta: dict) -> list[str]:
-    return [k for k in meta["study"].get("compare") or [] if isinstance(k, str)]
-
-
-def _groups(meta: dict, jobs: list[dict]) -> dict[tuple, list[dict]]:
-    keys = _keys(meta)
-    rows = [{**{k: j["setting"].get(k) for k in keys}, "job": j} for j in jobs if j.get("status") == "completed"]
-    return {key: [r["job"] for r in members] for key, members in group(rows, keys).items()}
-
-
-def _metric(job: dict, metric: str):
-    return job["metrics"].get(metric) if metric in job["metrics"] else job.get(metric)
-
-
-def learned(groups: dict[tuple, list[dict]]):
-    """The HTML report's rule (build.learning): a setting learned when its seeds' mean in-distribution exact match
-    reaches the threshold one run is held to."""
-    return learning({k: [{"exact_match_in": j.get("in_distribution_exact_match")} for j in members]
-                     for k, members in groups.items()})
-
-
 def learning_flag(meta: dict, groups) -> str | None:
     """The flag a page puts before any conclusion: the HTML report's note (build.learning_note), as one line."""
     note = learning_note("", _keys(meta), learned(groups))
     return None if note is None else f"{note.lead} {' '.join(str(p) for p in note.parts)}"
-
-
-def _select(groups, spec) -> tuple[str, list[dict]]:
-    """The jobs of every setting whose compare values (or choices) match `spec` ({key: value}); a label for them."""
-    spec = spec if isinstance(spec, dict) else {}
-    label = ", ".join(f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in spec.items())
-    jobs = [j for members in groups.values() for j in members
-            if spec and all(str(j["setting"].get(k, j["choices"].get(k))) == str(v) for k, v in spec.items())]
-    return label, jobs
-
-
-def also(meta: dict, jobs: list[dict]) -> list[tuple[str, str]]:
-    """The study's further claims (study.verdict.also: a list of claims as the verdict states one, each with its own
-    `paper` where it tests another), judged as the first; the index carries the first alone."""
-    v = meta["study"].get("verdict")
-    further = v.get("also") if isinstance(v, dict) else None
-    return [judge({**meta, "study": {**meta["study"], "verdict": claim,
-                                     "paper": claim.get("paper") or meta["study"].get("paper")}}, jobs)
-            for claim in further or [] if isinstance(claim, dict)]
-
-
-def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
-    """(outcome, sentence): the study's claim (study.verdict: claim, metric, better, than, paper_scale, why) tested
-    on the data. agrees: the intervals are apart and the claimed setting is better; contradicts: apart the other
-    way; not at this scale: they overlap, or a setting compared beyond its training lengths never learned them."""
-    study = meta["study"]
-    v, paper = study.get("verdict") or {}, study.get("paper") or "the paper"
-    if not isinstance(v, dict) or not isinstance(v.get("metric"), str):
-        return "none", "The sweep file states no claim to test (study.verdict)."
-    metric, where = v["metric"], v.get("where") or {}
-    groups = {k: [j for j in m if all(str(j["setting"].get(a, j["choices"].get(a))) == str(b)
-                                      for a, b in where.items())] for k, m in _groups(meta, jobs).items()}
-    groups = {k: m for k, m in groups.items() if m}
-    (a_name, a), (b_name, b) = _select(groups, v.get("better")), _select(groups, v.get("than"))
-    claim = v.get("claim") or f"{a_name} beats {b_name} on {metric}"
-    scale = v.get("paper_scale") or "a larger scale"
-    why = f" ({v['why']})" if v.get("why") else ""  # what the sweep found out about why
-    if not a or not b:
-        return "none", f"{claim}: no completed runs of {a_name if not a else b_name} here."
-    if beyond_training(metric):
-        for label, members in ((a_name, a), (b_name, b)):
-            scores = stats.finite([j.get("in_distribution_exact_match") for j in members])
-            if scores and sum(scores) / len(scores) < LEARNED_THRESHOLD:
-                k = sum(x >= LEARNED_THRESHOLD for x in scores)
-                return "scale", (f"{claim}: not testable at this scale, because {label} did not learn its training "
-                                 f"lengths (in-distribution exact match {stats.fmt(sum(scores) / len(scores))}, {k} of "
-                                 f"{len(scores)} seeds ≥ {LEARNED_THRESHOLD:g}); {paper} saw it at {scale}{why}.")
-    ea, eb = stats.estimate([_metric(j, metric) for j in a]), stats.estimate([_metric(j, metric) for j in b])
-    if ea is None or eb is None:
-        return "none", f"{claim}: {metric} is not recorded for {a_name if ea is None else b_name}."
-    higher = _direction(metric) is not False
-    p = stats.common_language(ea.values, eb.values, higher_is_better=higher)
-    said = (f"{a_name} {stats.mean_interval(ea)} against {b_name} {stats.mean_interval(eb)} on {metric} "
-            f"({stats.seeds_phrase(ea, eb)}), P({a_name} better) = {p:.2f}")
-    if stats.overlap(ea, eb):
-        return "scale", f"{claim}? {said}: the intervals overlap, so it does not show at this scale ({paper} saw it at {scale}){why}."
-    if (ea.mean > eb.mean) == higher:
-        return "yes", f"{claim}: {said}, intervals apart: agrees with {paper}."
-    return "no", f"{claim}? {said}, intervals apart the other way: contradicts {paper} at this scale{why}."
 
 
 def _verdict_metric(meta: dict) -> str:
@@ -376,12 +297,26 @@ def _tuned_table(meta: dict, groups, best: dict) -> dict:
         members = top.members
         works = sorted(working(tried, FRACTION, higher), key=lambda c: c.value)
         e = learn.get(_with_lr(meta, rest, top.value))
-        body.append([setting_name(rest_keys, rest) or "all runs", str(top.value), str(len(members)),
+        body.append([setting_name(rest_keys, rest) or "all runs", str(top.value), _seeds(members),
                      f"{e.learned_seeds} of {e.measured}" if e else "–",
-                     *(stats.mean_interval(stats.estimate([_metric(j, m) for j in members])) for m in metrics),
+                     *(_cell(members, m) for m in metrics),
                      f"{len(works)} of {len(tried)} ({', '.join(str(c.value) for c in works)})"
                      if e is None or e.learned else "– (not learned at any)"])
-    return {"header": header, "body": body, "pairs": []}
+    return {"header": header, "body": body, "pairs": [], "cl": False}
+
+
+def _seeds(members: list[dict]) -> str:
+    """A setting's run count, and how many of them diverged (kept: a diverged run is data)."""
+    diverged = sum(j.get("status") == "diverged" for j in members)
+    return f"{len(members)}" + (f" ({diverged} diverged)" if diverged else "")
+
+
+def _cell(members: list[dict], metric: str) -> str:
+    """A setting's mean [95% CI] on a metric; "– (diverged)" where its runs diverged before recording it."""
+    e = stats.estimate([_metric(j, metric) for j in members])
+    if e is None and any(j.get("status") == "diverged" for j in members):
+        return "– (diverged)"
+    return stats.mean_interval(e)
 
 
 def _table(meta: dict, groups) -> dict:
@@ -391,19 +326,19 @@ def _table(meta: dict, groups) -> dict:
     body = []
     for key, members in groups.items():
         e = learn.get(key)
-        body.append([setting_name(_keys(meta), key) or "all runs", str(len(members)),
+        body.append([setting_name(_keys(meta), key) or "all runs", _seeds(members),
                      f"{e.learned_seeds} of {e.measured}" if e else "–",
-                     *(stats.mean_interval(stats.estimate([_metric(j, m) for j in members])) for m in metrics)])
+                     *(_cell(members, m) for m in metrics)])
     pairs = []
-    if len(groups) == 2:  # two settings: P(A better than B) on every metric with a better direction
+    if len(groups) == 2:  # two settings: the common-language effect size on every metric with a better direction
         (ka, a), (kb, b) = groups.items()
         for m in metrics:
             if (higher := _direction(m)) is not None:
                 p = stats.common_language([_metric(j, m) for j in a], [_metric(j, m) for j in b], higher)
                 if p is not None:
-                    pairs.append(f"P({setting_name(_keys(meta), ka)} better than {setting_name(_keys(meta), kb)} "
-                                 f"on {m}) = {p:.2f}")
-    return {"header": header, "body": body, "pairs": pairs}
+                    pairs.append(f"Common-language effect size of {setting_name(_keys(meta), ka)} over "
+                                 f"{setting_name(_keys(meta), kb)} on {m}: CL = {p:.2f}")
+    return {"header": header, "body": body, "pairs": pairs, "cl": bool(pairs)}
 
 
 def _context_loss(job: dict, times: int = 4):
@@ -416,7 +351,8 @@ def _context_loss(job: dict, times: int = 4):
 
 def _against_baseline(meta: dict, groups) -> dict:
     """The modifications table (Narang et al. 2021's, with intervals): params, tokens/s, final validation loss,
-    Δ against the baseline with P(better), loss at 4x the context; sorted by loss, the baseline marked."""
+    Δ against the baseline with the common-language effect size, loss at 4x the context; sorted by loss, the
+    baseline marked."""
     keys, base = _keys(meta), meta["study"].get("baseline") or {}
     is_base = lambda key: all(str(dict(zip(keys, key)).get(k)) == str(v) for k, v in base.items())  # noqa: E731
     base_jobs = next((m for k, m in groups.items() if is_base(k)), [])
@@ -429,7 +365,7 @@ def _against_baseline(meta: dict, groups) -> dict:
                                                               [j.get("final_val_loss") for j in base_jobs], False)
         label = setting_name(keys, key).split("=", 1)[-1] if len(keys) == 1 else setting_name(keys, key)
         rows.append((e.mean if e else math.inf, [
-            f"**{label}** (baseline)" if is_base(key) else label, str(len(members)),
+            f"**{label}** (baseline)" if is_base(key) else label, _seeds(members),
             stats.fmt(stats.estimate([j.get("params") for j in members]).mean if members else None),
             stats.mean_interval(stats.estimate([j.get("tokens_per_s") for j in members])),
             stats.mean_interval(e), "–" if delta is None or is_base(key) else f"{delta:+.3f}",
@@ -437,8 +373,8 @@ def _against_baseline(meta: dict, groups) -> dict:
             stats.mean_interval(stats.estimate([_context_loss(j) for j in members]))]))
     rows.sort(key=lambda r: (r[0], r[1][0]))
     return {"header": ["modification", "seeds", "params", "tokens/s mean [95% CI]", "final val loss mean [95% CI]",
-                       "Δ vs baseline", "P(better than baseline)", "loss at 4x context mean [95% CI]"],
-            "body": [r for _, r in rows], "pairs": []}
+                       "Δ vs baseline", "CL vs baseline", "loss at 4x context mean [95% CI]"],
+            "body": [r for _, r in rows], "pairs": [], "cl": True}
 
 
 def _study_line(study: dict) -> dict:
@@ -471,17 +407,20 @@ def other_scales(data: Path, meta: dict) -> list[dict]:
 def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[dict] = ()) -> str:
     """A measured page, from its jsonl (and, for a 1x page, the verdicts of its other scales' jsonl)."""
     groups = _groups(meta, jobs)
-    outcome, verdict = judge(meta, jobs)
+    verdicts = judge_page(meta, jobs)
     best = tuned(meta, groups)
     table = (_against_baseline(meta, groups) if meta["study"].get("baseline") else
              _tuned_table(meta, groups, best) if best else _table(meta, groups))
-    failed = [j for j in jobs if j.get("status") != "completed"]
+    failed = [j for j in jobs if j.get("status") not in KEPT]
+    diverged = [j for j in jobs if j.get("status") == "diverged"]
+    rows = [v.row for v in verdicts if v.row]
     hours = meta["train_time_s"] / 3600
     return ENV.get_template("findings.md.j2").render(
         meta=meta, study=_study_line(meta["study"]), flag=learning_flag(meta, at_best(meta, groups, best)), table=table,
-        tuned=best is not None, range_fraction=f"{FRACTION:g}", verdict=verdict,
-        also=[(OUTCOMES[o], sentence) for o, sentence in also(meta, jobs)],
-        outcome=OUTCOMES[outcome], figure=figure, failed=failed, settings=len(groups),
+        tuned=best is not None, range_fraction=f"{FRACTION:g}", verdict=verdicts[0].sentence,
+        also=[(OUTCOMES[v.outcome], v.sentence) for v in verdicts[1:]], comparisons=rows,
+        claims=len(rows), floor=verdicts[0].floor, flips=stats.MIN_FLIP_PAIRS, cl_formula=stats.CL_FORMULA,
+        outcome=OUTCOMES[verdicts[0].outcome], figure=figure, failed=failed, diverged=diverged, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
         seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
         not_run=meta.get("not_run") or [], scales=list(scales))
