@@ -1,5 +1,7 @@
 """Findings pages (blocklab.report.findings): every committed page is what its data renders, every sweep has one,
-the index names every exercise, untrusted text stays text, and the verdict follows the intervals."""
+the index names every exercise, untrusted text stays text, and the verdict follows the paired test at the page's
+Holm level (report/judge.py): hand-computed cases, the worst-value rule for a run that diverged or is missing, a
+constant metric, a diverged setting kept on the page, min_effect."""
 import json
 import re
 import subprocess
@@ -71,32 +73,123 @@ def _job(setting: dict, seed: int, value: float, learned: float | None = 1.0) ->
             "in_distribution_exact_match": learned, "metrics": {"exact_match_out": value}, "eval": []}
 
 
+SETUP = {"sweep": "x", "jobs": 9, "seeds": [0, 1, 2], "task": ["copy"], "d_model": [64], "n_layers": [2],
+         "n_heads": [4], "steps": [10], "scale": 1, "machines": {}, "train_time_s": 1.0, "commit": None,
+         "commit_recorded": False, "date": "d", "command": "python train.py -m sweep=x", "report": "r"}
+
+
 def _meta(**verdict) -> dict:
     return {"study": {"compare": ["pos"], "metrics": ["exact_match_out"], "paper": "P",
                       "verdict": {"metric": "exact_match_out", "better": {"pos": "a"}, "than": {"pos": "b"},
                                   "claim": "A beats B", "paper_scale": "1B", **verdict}}}
 
 
-@pytest.mark.parametrize("a, b, outcome", [
-    ([0.9, 0.8, 0.85], [0.1, 0.2, 0.15], "yes"),   # intervals apart, the claimed one better
-    ([0.1, 0.2, 0.15], [0.9, 0.8, 0.85], "no"),    # apart the other way
-    ([0.1, 0.9, 0.5], [0.2, 0.8, 0.4], "scale"),   # overlapping
+def _jobs(values: dict[str, list], metric: str = "exact_match_out", learned: float = 1.0) -> list[dict]:
+    """Runs of settings pos=<name>, one per seed in order; None: a run that diverged before recording the metric."""
+    return [{**_job({"pos": name}, seed, v, learned), "metrics": {metric: v},
+             "status": "diverged" if v is None else "completed"}
+            for name, vs in values.items() for seed, v in enumerate(vs)]
+
+
+@pytest.mark.parametrize("a, b, outcome, said", [
+    # a - b = 0.8, 0.55, 0.7: mean 0.68333, sd 0.125831, se 0.072648, t = 9.4061 on 2 degrees of freedom, whose
+    # two-sided p has the closed form 1 - t / sqrt(t^2 + 2) = 0.0111; t_(0.975, 2) = 4.302653: [0.371, 0.996].
+    # One claim: Holm is the plain test.
+    ([0.9, 0.8, 0.85], [0.1, 0.25, 0.15], "yes", "+0.683 [0.371, 0.996] (95%, Holm), p = 0.011 (Holm)"),
+    ([0.1, 0.25, 0.15], [0.9, 0.8, 0.85], "no", "-0.683 [-0.996, -0.371] (95%, Holm), p = 0.011 (Holm)"),
+    # -0.1, 0.1, 0.1: mean 0.0333, sd 0.11547, se 0.066667, t = 0.5, p = 1 - 0.5 / 1.5 = 0.667.
+    ([0.1, 0.9, 0.5], [0.2, 0.8, 0.4], "nd", "p = 0.667 (Holm)"),
+    # Means 0.65 against 0.25, but 0.7, -0.2, 0.7: mean 0.4, sd 0.5196, se 0.3, t = 1.3333, p = 1 - 1.3333 /
+    # 1.9437 = 0.314: not distinguishable, whatever the means say.
+    ([0.9, 0.1, 0.95], [0.2, 0.3, 0.25], "nd", "+0.400 [-0.891, 1.691] (95%, Holm), p = 0.314 (Holm)"),
 ])
-def test_the_verdict_follows_the_intervals(a, b, outcome):
-    jobs = [_job({"pos": "a"}, s, v) for s, v in enumerate(a)] + [_job({"pos": "b"}, s, v) for s, v in enumerate(b)]
-    got, sentence = findings.judge(_meta(), jobs)
-    assert got == outcome
-    ea, eb = stats.estimate(a), stats.estimate(b)
-    assert stats.mean_interval(ea) in sentence and stats.mean_interval(eb) in sentence  # numbers from the data
-    assert f"P(pos=a better) = {stats.prob_improvement(a, b):.2f}" in sentence
+def test_the_verdict_follows_the_paired_test(a, b, outcome, said):
+    got, sentence = findings.judge(_meta(), _jobs({"a": a, "b": b}))
+    assert got == outcome and said in sentence and "P(" not in sentence
+    assert sentence.startswith({"yes": "A beats B: ", "no": "A beats B? ",
+                                "nd": "A beats B? Not distinguishable at 3 seeds: "}[outcome])
+    assert ("agrees with P" in sentence) == (outcome == "yes") and ("contradicts P" in sentence) == (outcome == "no")
 
 
-@pytest.mark.parametrize("a, learned", [([0.1, 0.9, 0.5], 1.0), ([0.9, 0.9, 0.9], 0.4)])  # overlap; never learned
-def test_a_verdict_that_does_not_show_carries_what_the_sweep_found_about_why(a, learned):
+def test_holm_over_the_page_s_claims_can_undo_a_decision():
+    """The first claim's p = 0.0111 (above). Two further claims whose settings have no runs are not tested but
+    count: m = 3, so Holm tests it at 0.05/3 (adjusted p 3 x 0.0111 = 0.0333, still decided) and draws its interval
+    at 98.3%: with 2 degrees of freedom t_q solves t / sqrt(t^2 + 2) = 2q - 1 = 0.983333, t^2 = 2 r^2 / (1 - r^2) =
+    58.504, t = 7.6488, so 0.68333 ± 7.6488 x 0.072648 = [0.128, 1.239]. With 5 claims, 5 x 0.0111 = 0.0556 > 0.05:
+    not distinguishable at 3 seeds."""
+    jobs = _jobs({"a": [0.9, 0.8, 0.85], "b": [0.1, 0.25, 0.15]})
+    untested = {"metric": "exact_match_out", "better": {"pos": "x"}, "than": {"pos": "y"}}
+    outcome, sentence = findings.judge(_meta(also=[untested] * 2), jobs)
+    assert outcome == "yes" and "+0.683 [0.128, 1.239] (98.3%, Holm), p = 0.033 (Holm)" in sentence
+    assert [o for o, _ in findings.also(_meta(also=[untested] * 2), jobs)] == ["none", "none"]
+    outcome, sentence = findings.judge(_meta(also=[untested] * 4), jobs)
+    assert outcome == "nd" and "p = 0.056 (Holm)" in sentence
+
+
+def test_a_diverged_run_of_a_loss_counts_as_the_page_s_worst_value():
+    """pos=a's seed 2 diverged. final_train_loss is better lower, so it counts as the worst final_train_loss on
+    the page, pos=c's 3.0. Pairs a - b: 1.0 - 1.5, 1.2 - 1.6, 3.0 - 1.4 = -0.5, -0.4, +1.6: mean +0.2333; deviations
+    -0.7333, -0.6333, 1.3667, squares summing to 2.80667, sd 1.184624, se 0.683943, t = 0.341160, two-sided p =
+    1 - 0.341160 / sqrt(2.116390) = 0.7655: not distinguishable."""
+    jobs = _jobs({"a": [1.0, 1.2, None], "b": [1.5, 1.6, 1.4], "c": [3.0, 2.0, 2.5]}, "final_train_loss")
+    meta = _meta(metric="final_train_loss")
+    outcome, sentence = findings.judge(meta, jobs)
+    assert outcome == "nd"
+    assert ("pos=a 1.733 against pos=b 1.500 on final_train_loss; paired difference over 3 seeds +0.233" in sentence
+            and "p = 0.765 (Holm) (seed 2: pos=a diverged: counted as the worst final_train_loss on this page, "
+                "3.000)" in sentence)
+    row = findings.judge_page(meta, jobs)[0].row
+    assert row[3] == "3 (1 at the worst)"
+
+
+def test_a_missing_pair_of_a_metric_better_higher_is_shown_and_the_claim_marked():
+    """pos=b has no run of seed 2, and token accuracy has no worst value to stand in: the pair is named, left out,
+    and the claim marked. Pairs 0.8, 0.55: mean 0.675, sd 0.17678, se 0.125, t = 5.4 on 1 degree of freedom (a
+    Cauchy distribution): p = 1 - (2 / pi) atan(5.4) = 0.1165."""
+    jobs = _jobs({"a": [0.9, 0.8, 0.85], "b": [0.1, 0.25]}, "token_acc_in")
+    outcome, sentence = findings.judge(_meta(metric="token_acc_in"), jobs)
+    assert outcome == "nd" and "Not distinguishable at 2 seeds" in sentence and "p = 0.117 (Holm)" in sentence
+    assert sentence.endswith("Marked: 1 pair left out of the test (seed 2: pos=b has no run).")
+    assert findings.judge_page(_meta(metric="token_acc_in"), jobs)[0].row[3] == "2 (+1 incomplete)"
+
+
+def test_a_constant_metric_cannot_carry_a_verdict_and_a_diverged_setting_stays_on_the_page():
+    jobs = _jobs({"a": [0.0, 0.0, 0.0], "b": [0.0, 0.0, 0.0]}, "diverged")
+    jobs += [{**j, "status": "diverged", "in_distribution_exact_match": 0.0}
+             for j in _jobs({"c": [1.0, 1.0, 1.0]}, "diverged")]
+    meta = {**_meta(metric="diverged"), **SETUP}
+    meta["study"]["metrics"] = ["diverged", "final_train_loss"]
+    outcome, sentence = findings.judge(meta, jobs)
+    assert outcome == "const" and sentence == ("A beats B: not testable: diverged is 0.000 on every run of both "
+                                               "pos=a and pos=b (3 seeds each), and a constant cannot carry a verdict.")
+    page = findings.render_page(meta, jobs, None)
+    assert "**Verdict (not testable).**" in page
+    assert "| pos=c | 3 (3 diverged) | 0 of 3 | 1.000 [1.000, 1.000] | – (diverged) |" in page
+    assert "Diverged, and kept as data" in page and "Not completed" not in page
+
+
+def test_a_decided_difference_inside_min_effect_does_not_matter():
+    """a - b = 0.010, 0.011, 0.012, 0.010, 0.011, 0.012 on a loss: mean 0.011, sd sqrt(4e-6 / 5) = 0.000894, se
+    0.000365, t = 30.1: decided; t_(0.975, 5) = 2.570582: 0.011 ± 0.000939 = [0.0101, 0.0119], inside ±0.05. Every
+    difference positive: the exact sign-flip p over 6 pairs is 2/64 = 0.031."""
+    b = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+    a = [x + d for x, d in zip(b, [0.010, 0.011, 0.012, 0.010, 0.011, 0.012])]
+    jobs = _jobs({"a": a, "b": b}, "final_val_loss")
+    v = findings.judge_page(_meta(metric="final_val_loss", min_effect=0.05), jobs)[0]
+    assert v.outcome == "trivial" and v.sentence.startswith("A beats B? No difference that matters: ")
+    assert "+0.011 [0.010, 0.012] (95%, Holm), p < 0.001 (Holm)" in v.sentence and "inside ±0.05" in v.sentence
+    assert v.row[8] == "0.031"
+    assert findings.judge_page(_meta(metric="final_val_loss"), jobs)[0].outcome == "no"  # without it: B is lower
+    assert findings.judge(_meta(metric="final_val_loss", min_effect="big"), jobs)[0] == "none"
+
+
+@pytest.mark.parametrize("a, learned, expected", [([0.1, 0.9, 0.5], 1.0, "nd"),  # not distinguishable
+                                                  ([0.9, 0.9, 0.9], 0.4, "scale")])  # never learned
+def test_a_verdict_that_does_not_show_carries_what_the_sweep_found_about_why(a, learned, expected):
     jobs = [_job({"pos": "a"}, s, v, learned) for s, v in enumerate(a)] + \
         [_job({"pos": "b"}, s, v) for s, v in enumerate([0.2, 0.8, 0.4])]
     outcome, sentence = findings.judge(_meta(why="the budget is too small"), jobs)
-    assert outcome == "scale" and sentence.endswith("(the budget is too small).")
+    assert outcome == expected and sentence.endswith("(the budget is too small).")
 
 
 def _write(path, meta: dict, jobs: list[dict]) -> None:
@@ -120,9 +213,11 @@ def test_a_page_gives_the_verdict_at_each_other_scale_it_was_run_at(tmp_path):
     findings.write_page(tmp_path / "x.jsonl")
     page = (tmp_path / "x.md").read_text(encoding="utf-8")
     row = next(line for line in page.splitlines() if line.startswith("| [4](x-scale4.md)"))
-    said = stats.mean_interval(stats.estimate([0.9, 0.8, 0.85])).replace("[", "\\[").replace("]", "\\]")
-    assert "| GPU | 40 | yes |" in row and said in row  # the scaled data's numbers, escaped in a sentence
-    assert "| 1 (this page) | CPU | 10 | not at this scale |" in page and "x-scaled" not in page
+    # The scaled data's numbers, escaped in a sentence: a - b = 0.8, 0.6, 0.7, mean 0.7, sd 0.1, se 0.057735;
+    # t_(0.975, 2) = 4.302653: 0.7 ± 0.248414.
+    assert "| GPU | 40 | yes |" in row and "pos=a 0.850 against pos=b 0.150" in row
+    assert "+0.700 \\[0.452, 0.948\\]" in row
+    assert "| 1 (this page) | CPU | 10 | not distinguishable |" in page and "x-scaled" not in page
     assert "At other scales" not in findings.render_page(*findings.read_jsonl(tmp_path / "x-scale4.jsonl"), None)
 
 
@@ -147,7 +242,8 @@ def test_further_claims_are_judged_as_the_first_each_against_its_own_paper():
                        {"claim": "B beats A", "metric": "exact_match_out", "better": {"pos": "b"},
                         "than": {"pos": "a"}}])
     (o1, s1), (o2, s2) = findings.also(meta, jobs)
-    assert o1 == "scale" and "(Q saw it at a larger scale)" in s1  # overlapping; no paper_scale of its own
+    # c - b = 0, 0.7, 0.35: t = 0.35 / 0.2021 = 1.732, p = 1 - 1.732 / sqrt(5) = 0.225; no paper_scale of its own
+    assert o1 == "nd" and "p = 0.225 (Holm); Q saw it at a larger scale." in s1
     assert o2 == "no" and "contradicts P" in s2  # no paper of its own: the study's
     assert findings.judge(meta, jobs)[0] == "yes"  # the first claim is unchanged by the others
 

@@ -1,7 +1,9 @@
-"""Statistics a reader can trust: bootstrap intervals over seeds, the probability of improvement, a winner named
-only where the intervals are apart, degenerate cases as sentences, the study's own metrics in the table (all
-columns in the CSV), the Narang et al. 2021 summary, budgets read from the runs, and what results.json records
-for them (the training-loss curve, forward FLOPs per token)."""
+"""Statistics a reader can trust: bootstrap intervals over seeds, the common-language effect size, a winner named
+only where the intervals are apart, the paired comparison a findings page decides its claims by (paired t-interval,
+exact sign-flip p, Holm, the detectable difference) checked against textbook cases computed by hand, degenerate
+cases as sentences, the study's own metrics in the table (all columns in the CSV), the Narang et al. 2021 summary,
+budgets read from the runs, and what results.json records for them (the training-loss curve, forward FLOPs per
+token)."""
 import base64
 import csv
 import io
@@ -49,15 +51,100 @@ def test_degenerate_groups_have_the_obvious_interval():
     assert stats.estimate([1.0, None, 3.0]).values == (1.0, 3.0)
 
 
-def test_probability_of_improvement_counts_seed_pairs():
-    assert stats.prob_improvement([0.9, 0.8, 0.95], [0.1, 0.2, 0.3]) == 1.0  # every A seed beats every B seed
-    assert stats.prob_improvement([0.1, 0.2, 0.3], [0.9, 0.8, 0.95]) == 0.0
-    assert stats.prob_improvement([0.1, 0.5, 0.9], [0.1, 0.5, 0.9]) == 0.5  # identical groups
-    assert stats.prob_improvement([1.0, 1.0], [1.0, 1.0]) == 0.5  # all ties count a half
+def test_the_common_language_effect_size_counts_seed_pairs():
+    assert stats.common_language([0.9, 0.8, 0.95], [0.1, 0.2, 0.3]) == 1.0  # every A seed beats every B seed
+    assert stats.common_language([0.1, 0.2, 0.3], [0.9, 0.8, 0.95]) == 0.0
+    assert stats.common_language([0.1, 0.5, 0.9], [0.1, 0.5, 0.9]) == 0.5  # identical groups
+    assert stats.common_language([1.0, 1.0], [1.0, 1.0]) == 0.5  # all ties count a half
     # 2 of the 4 pairs won (3>2, 3>1), one tie (1=1) and one lost (1<2): (2 + 0.5) / 4.
-    assert stats.prob_improvement([3, 1], [2, 1]) == 0.625
+    assert stats.common_language([3, 1], [2, 1]) == 0.625
     # A loss: lower is better, so the lower group improves on the higher one.
-    assert stats.prob_improvement([0.1, 0.2], [0.5, 0.6], higher_is_better=False) == 1.0
+    assert stats.common_language([0.1, 0.2], [0.5, 0.6], higher_is_better=False) == 1.0
+    assert "Mann-Whitney" in stats.CL_FORMULA and "not the probability" in stats.CL_FORMULA
+
+
+# ------------------------------------------------------------------- the paired comparison, against textbook cases
+
+# Student (1908)'s sleep data (Cushny & Peebles): extra hours of sleep under drug 2 minus drug 1, for 10 patients.
+SLEEP = [1.2, 2.4, 1.3, 1.3, 0.0, 1.0, 1.8, 0.8, 4.6, 1.4]
+
+
+def test_the_paired_t_interval_of_students_sleep_data():
+    """By hand: mean d = 15.8 / 10 = 1.58. Deviations -0.38, 0.82, -0.28, -0.28, -1.58, -0.58, 0.22, -0.78, 3.02,
+    -0.18; their squares sum to 13.616, so sd = sqrt(13.616 / 9) = 1.22999 and se = 1.22999 / sqrt(10) = 0.388959;
+    t = 1.58 / 0.388959 = 4.0621 on 9 degrees of freedom, two-sided p = 0.002833. From a t table, t_(0.975, 9) =
+    2.262157: 1.58 ± 0.879886 = [0.700114, 2.459886], the interval R's own example gives
+    (t.test(extra ~ group, data = sleep, paired = TRUE): -2.4598858 to -0.7001142 for drug 1 minus drug 2).
+    At 99%, t_(0.995, 9) = 3.249836: 1.58 ± 1.264046 = [0.315954, 2.844046]."""
+    p = stats.paired_t(SLEEP)
+    assert p.n == 10 and p.mean == pytest.approx(1.58) and p.sd == pytest.approx(1.229995, abs=1e-6)
+    assert p.p == pytest.approx(0.002833, abs=1e-6)
+    assert p.interval(0.05) == pytest.approx((0.7001142, 2.4598858), abs=1e-6)
+    assert p.interval(0.01) == pytest.approx((0.315954, 2.844046), abs=1e-5)
+    flipped = stats.paired_t([-d for d in SLEEP])  # drug 1 minus drug 2: the same test, the interval mirrored
+    assert flipped.interval() == pytest.approx((-2.4598858, -0.7001142), abs=1e-6) and flipped.p == pytest.approx(p.p)
+
+
+def test_a_paired_t_on_three_seeds_has_the_closed_form_of_two_degrees_of_freedom():
+    """Differences 0.8, 0.55, 0.7: mean 0.68333; deviations 0.11667, -0.13333, 0.01667, squares summing to 0.031667;
+    sd = sqrt(0.031667 / 2) = 0.125831, se = 0.072648, t = 9.4061. With 2 degrees of freedom the t distribution has
+    a closed form: two-sided p = 1 - |t| / sqrt(t^2 + 2) = 1 - 9.4061 / 9.5118 = 0.01111. t_(0.975, 2) = 4.302653:
+    0.68333 ± 0.312578 = [0.370755, 0.995911]."""
+    p = stats.paired_t([0.8, 0.55, 0.7])
+    assert p.p == pytest.approx(0.01111, abs=2e-5)
+    assert p.interval() == pytest.approx((0.370755, 0.995911), abs=2e-5)
+
+
+def test_degenerate_pairs():
+    assert stats.paired_t([0.3]) is None  # one pair: no spread to test against
+    same = stats.paired_t([0.2, 0.2, 0.2])  # no seed noise at all: decided, the interval the point
+    assert same.p == 0.0 and same.interval() == pytest.approx((0.2, 0.2))
+    assert stats.paired_t([0.0, 0.0]).p == 1.0  # nothing differs
+
+
+def test_the_exact_sign_flip_p_on_5_and_on_6_pairs():
+    """2^n sign assignments. d = 1..5, all positive: only all-plus and all-minus reach |sum| 15, so p = 2/32 =
+    0.0625: 5 pairs can never reach 0.05. d = 1, 2, 3, 4, -5: |sum| = 5. A sign pattern that makes the magnitudes in
+    a set N negative sums to 15 - 2 sum(N); |15 - 2 sum(N)| >= 5 when sum(N) <= 5 or >= 10. Subsets of {1..5} with
+    sum <= 5: {} ; {1} {2} {3} {4} {5} ; {1,2} {1,3} {1,4} {2,3}: 10, and by complement 10 with sum >= 10: p =
+    20/32 = 0.625. d = 1..6, all positive: p = 2/64 = 0.03125, the first n that can reach 0.05. d = 1..5, -6:
+    |sum| = 9 = |21 - 2 sum(N)| when sum(N) <= 6 or >= 15: {} ; six singles ; {1,2} {1,3} {1,4} {1,5} {2,3} {2,4} ;
+    {1,2,3}: 14, and 14 by complement: p = 28/64 = 0.4375."""
+    assert stats.sign_flip_p([1, 2, 3, 4, 5]) == 2 / 32
+    assert stats.sign_flip_p([1, 2, 3, 4, -5]) == 20 / 32
+    assert stats.sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == 2 / 64
+    assert stats.sign_flip_p([1, 2, 3, 4, 5, -6]) == 28 / 64
+    assert stats.MIN_FLIP_PAIRS == 6 and 2 / 2 ** (stats.MIN_FLIP_PAIRS - 1) > 0.05 >= 2 / 2 ** stats.MIN_FLIP_PAIRS
+
+
+def test_holm_on_three_p_values():
+    """Holm at 0.05 over p = 0.01, 0.04, 0.03. Sorted: 0.01 <= 0.05/3 = 0.0167, rejected; 0.03 > 0.05/2 = 0.025,
+    so the step-down stops: 0.03 and 0.04 stand. Adjusted: 3 x 0.01 = 0.03; max(0.03, 2 x 0.03) = 0.06;
+    max(0.06, 1 x 0.04) = 0.06. Levels: 0.05/3 for the first; from the failed step on, its level 0.025 (so 0.04's
+    interval at 97.5% holds 0, as Holm decides, though 0.04 < 0.05). Bonferroni would give the same here; with
+    p = 0.01, 0.02, 0.04 Holm rejects all three (0.01 <= 0.0167, 0.02 <= 0.025, 0.04 <= 0.05; adjusted 0.03, 0.04,
+    0.04) where Bonferroni (3 x 0.02 = 0.06) keeps two."""
+    h = stats.holm([0.01, 0.04, 0.03])
+    assert [x.rejected for x in h] == [True, False, False]
+    assert [x.adjusted for x in h] == pytest.approx([0.03, 0.06, 0.06])
+    assert [x.level for x in h] == pytest.approx([0.05 / 3, 0.025, 0.025])
+    h = stats.holm([0.01, 0.02, 0.04])
+    assert [x.rejected for x in h] == [True, True, True]
+    assert [x.adjusted for x in h] == pytest.approx([0.03, 0.04, 0.04])
+    assert [x.level for x in h] == pytest.approx([0.05 / 3, 0.025, 0.05])
+    # A claim not tested counts in m and is never decided: m = 3, 0.001 <= 0.05/3, then 0.02 <= 0.05/2.
+    h = stats.holm([0.02, None, 0.001])
+    assert [x.rejected for x in h] == [True, False, True] and h[1].adjusted is None
+    assert h[0].adjusted == pytest.approx(0.04) and h[2].adjusted == pytest.approx(0.003)
+    assert [x.rejected for x in stats.holm([0.02, None, None])] == [False, False, False]  # 0.02 > 0.05/3
+
+
+def test_the_smallest_difference_detectable_at_80_percent_power():
+    """sd of the differences 1, 10 pairs, alpha 0.05: from a t table t_(0.975, 9) = 2.262157 and t_(0.80, 9) =
+    0.883404, so (2.262157 + 0.883404) x 1 / sqrt(10) = 3.145561 / 3.162278 = 0.994714."""
+    assert stats.detectable(1.0, 10) == pytest.approx(0.994714, abs=1e-6)
+    assert stats.detectable(2.0, 10) == pytest.approx(2 * 0.994714, abs=2e-6)
+    assert stats.detectable(1.0, 1) is None
 
 
 def test_a_winner_is_named_only_when_the_intervals_are_apart():
@@ -88,13 +175,14 @@ def test_findings_name_a_winner_or_say_not_distinguishable():
     (apart,) = findings([r for r in rows if r["setting"] != "c"], ["setting"], "exact_match_in")
     assert apart.text.startswith("exact_match_in (higher is better): setting=a is best, 0.920 [0.900, 0.940]")
     assert "not distinguishable" not in apart.text
-    assert apart.details == ["setting=b: 0.520 [0.500, 0.540]; P(best better) = 1.00; the best is better "
+    assert apart.details == ["setting=b: 0.520 [0.500, 0.540]; CL(best over it) = 1.00; the best is better "
                              "(intervals apart)."]
     (mixed,) = findings(rows, ["setting"], "exact_match_in")
     assert "better than 1 of 2 other settings (intervals apart), not distinguishable from the rest at 3 seeds" \
         in mixed.text
-    # c's seeds beat a's in 3 of 9 pairs (0.91 > 0.90, 0.93 > 0.90, 0.93 > 0.92): P(a better) = 6/9.
-    assert mixed.details[0] == "setting=c: 0.880 [0.800, 0.930]; P(best better) = 0.67; not distinguishable at 3 seeds."
+    # c's seeds beat a's in 3 of 9 pairs (0.91 > 0.90, 0.93 > 0.90, 0.93 > 0.92): CL(a over c) = 6/9.
+    assert mixed.details[0] == ("setting=c: 0.880 [0.800, 0.930]; CL(best over it) = 0.67; not distinguishable at 3 "
+                                "seeds.")
     (close,) = findings([r for r in rows if r["setting"] != "b"], ["setting"], "exact_match_in")
     assert close.text.startswith("exact_match_in (higher is better): not distinguishable at 3 seeds: the best mean, "
                                  "setting=a 0.920 [0.900, 0.940], overlaps every other setting's 95% interval")
@@ -117,7 +205,7 @@ def test_a_loss_is_better_lower_and_a_diagnostic_has_no_winner_word():
         "final_val_loss (lower is better): setting=a is best, 0.110")
     similarity = findings(rows, ["setting"], "head_similarity")[0]
     assert similarity.text.startswith("head_similarity (no better direction): setting=b is highest, 0.510")
-    assert similarity.details[0].endswith("P(highest higher) = 1.00; the highest is higher (intervals apart).")
+    assert similarity.details[0].endswith("CL(highest over it) = 1.00; the highest is higher (intervals apart).")
 
 
 def test_degenerate_metrics_read_as_sentences():

@@ -100,7 +100,7 @@ class Finding:
 
 def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
     """The setting with the best mean (the highest, for a metric with no better direction) against every other:
-    its mean [95% CI], P(best better) over seed pairs, and "not distinguishable at N seeds" where the intervals
+    its mean [95% CI], the common-language effect size CL over seed pairs, and "not distinguishable at N seeds" where the intervals
     overlap. Degenerate cases read as sentences: every run scores the same, one seed per setting, one setting."""
     estimates = [(key, stats.estimate([_value(m, metric) for m in members])) for key, members in
                  group(rows, keys).items()]
@@ -130,9 +130,9 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
         if sorted(e.values) == sorted(best.values):  # the same score on every seed: one line for all of them
             tied.append(_name(keys, key))
             continue
-        p = stats.prob_improvement(best.values, e.values, higher_is_better=higher is not False)
+        p = stats.common_language(best.values, e.values, higher_is_better=higher is not False)
         apart += [key] if not stats.overlap(best, e) else []
-        details.append(f"{_name(keys, key)}: {stats.mean_interval(e)}; P({word} {better}) = {p:.2f}; "
+        details.append(f"{_name(keys, key)}: {stats.mean_interval(e)}; CL({word} over it) = {p:.2f}; "
                        f"{stats.verdict(best, e, better=f'the {word} is {better} (intervals apart)')}.")
     if tied:
         details.insert(0, f"{len(tied)} other setting{'s' if len(tied) > 1 else ''} score exactly as the {word} does "
@@ -628,9 +628,9 @@ def section_data(name: str, spec: dict, rows: list[dict], out: "Out | Path") -> 
         shown += [Finding(caveat) for caveat in (speed_caveat(done), machine_caveat(done)) if caveat]
         if any(r["diverged"] for r in done):
             shown.append(Finding(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged."))
-        answer.append(para("What the numbers show.", "P(best better): the fraction of (seed, seed) pairs in which "
-                           "the best setting's seed beats the other's, ties counting half. A winner is named only "
-                           "where the 95% intervals do not overlap."))
+        answer.append(para("What the numbers show.", "CL(best over it), the common-language effect size: "
+                           + stats.CL_FORMULA + ", with A the best setting. A winner is named only where the 95% "
+                           "intervals do not overlap."))
         answer += [Items(shown), *figures]
         tables_.append(para("Results", f"on the study's metrics ({', '.join(metrics)}): the mean over each "
                             "setting's seeds and its 95% bootstrap confidence interval (scipy.stats.bootstrap, "

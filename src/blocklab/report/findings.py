@@ -14,12 +14,13 @@ Everything read from a run or a sweep folder is untrusted: it reaches the Markdo
 (or as a code span fenced longer than any backtick run in it), never as markup. Runs' results.json are read through
 blocklab.folder; the findings folder is the user's own (--findings OUT), and is read and written through
 blocklab.folder with OUT as the root, so a link planted below OUT is refused, never followed. A run still training
-(its lock held) is left out."""
-import datetime
+(its lock held) is left out.
+
+The jsonl is written and read by findings_data.py, the claims judged by judge.py, the table of settings built by
+page_tables.py; this module renders the page, its figure and the index."""
 import glob
 import io
 import json
-import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -29,28 +30,23 @@ from markupsafe import Markup
 
 from blocklab import folder, study_folder
 from blocklab.errors import ConfigError
-from blocklab.hardware import source_commit
 from blocklab.paths import CONF_DIR
 from blocklab.report import stats
-from blocklab.report.build import _direction, _value, beyond_training, learning, learning_note, metrics_spec
-from blocklab.report.collect import RUNNING, UnreadableRun
-from blocklab.report.common import group, name as setting_name, order
-from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, working
-from blocklab.results import LEARNED_THRESHOLD, RESULTS_FILE, swept_overrides
+from blocklab.report.build import _direction, learning_note, metrics_spec
+from blocklab.report.collect import RUNNING
+from blocklab.report.common import name as setting_name, order
+from blocklab.report.findings_data import (FORMAT, _planned, _results, job_record, meta_record,  # noqa: F401
+                                           read_jsonl, studies_error, study_error)
+from blocklab.report.judge import KEPT, OUTCOMES, also, judge, judge_page, learned  # noqa: F401 (judge, also: the API)
+from blocklab.report.judge import groups_of as _groups, keys_of as _keys, metric_of as _metric
+from blocklab.report.page_tables import _against_baseline, _table, _tuned_table, at_best, tuned, verdict_metric
+from blocklab.report.recall import FRACTION
 
 SWEEPS = CONF_DIR / "sweep"
 EXERCISES = [f"1.{i}" for i in range(1, 15)]
 PROOF = "1.6"  # a proof, answered by a test (tests/model/test_position.py), not by a sweep
 PROOF_TEST = "tests/model/test_position.py"
 MAX_PNG_BYTES = 150_000
-FORMAT = 1  # the jsonl layout; a page refuses a file of another
-# The fields of results.json a page uses (and the eval rows' columns it reads); nothing else is kept.
-JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match", "final_val_loss", "params",
-              "tokens_per_s", "train_time_s", "steps", "machine", "commit")
-EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss")
-STUDY_FIELDS = ("name", "scale", "question", "exercise", "source", "paper", "compare", "metrics", "verdict",
-                "baseline", "page")
-OUTCOMES = {"yes": "yes", "scale": "not at this scale", "no": "no", "none": "not measured"}
 NUMERIC = re.compile(r"[-+–\d.,\[\]\s%e]*(\(1 seed\))?")
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
@@ -85,74 +81,6 @@ ENV.filters["code"] = code
 
 
 # ---------------------------------------------------------------- from a sweep folder to the jsonl
-def _plain(value):
-    """A JSON scalar: a non-finite float is null, anything not a scalar is left out (null)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value if value is None or isinstance(value, (str, int, float, bool)) else None
-
-
-def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) -> dict:
-    """One job's line: its setting (the study's compare keys), seed, what it varied, and the fields a page uses."""
-    swept = row.get("overrides") or {}  # a key the sweep adds (+modification=...) is named without its +
-    record = {"job": Path(row["run"]).name,
-              "setting": {k: _plain(row[k] if k in row else swept.get(f"+{k}")) for k in keys},
-              "seed": _plain(row.get("seed")), "choices": {k: _plain(v) for k, v in results.get("choices", {}).items()},
-              "overrides": swept_overrides(results.get("overrides", []))}
-    record.update({f: _plain(results.get(f)) for f in JOB_FIELDS})
-    record["eval"] = [{f: _plain(e.get(f)) for f in EVAL_FIELDS} for e in results.get("eval") or []]
-    record["metrics"] = {m: _plain(_value(row, m)) for m in metrics}
-    return record
-
-
-def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
-    """The command that reruns these jobs: the sweep, then every key the jobs set, with the values they took."""
-    values: dict[str, list[str]] = {}
-    for overrides in records_overrides:
-        for override in overrides:
-            key, _, value = override.partition("=")
-            if key in ("sweep", "study.scale") or key.lstrip("+~").startswith("hydra"):
-                continue
-            if value not in values.setdefault(key, []):
-                values[key].append(value)
-    parts = [f"python train.py -m sweep={name}"] + ([f"study.scale={scale:g}"] if scale not in (None, 1) else [])
-    for key, seen in values.items():
-        seen = sorted(seen, key=lambda v: order(int(v) if v.lstrip("-").isdigit() else v))
-        parts.append(f"{key}={','.join(seen)}")
-    return " ".join(parts)
-
-
-def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], extra: dict | None = None) -> dict:
-    """The setup of the runs, as the page states it."""
-    import matplotlib
-
-    scale = study.get("scale", 1)
-    counts = lambda key: sorted({r.get(key) for r in rows if r.get(key) is not None}, key=order)  # noqa: E731
-    machines = Counter(r.get("machine") for r in results if r.get("machine"))
-    commits = sorted({r["commit"] for r in results if isinstance(r.get("commit"), str)})
-    return {"format": FORMAT, "sweep": study_folder(name, scale), "study": {k: study.get(k) for k in STUDY_FIELDS},
-            "command": _command(name, scale, [r.get("overrides", []) for r in results]),
-            "report": f"python -m blocklab.report outputs/sweeps/{study_folder(name, scale)} --findings docs/findings",
-            "scale": scale, "seeds": counts("seed"), "jobs": len(rows),
-            "d_model": counts("model.d_model"), "n_layers": counts("model.n_layers"), "n_heads": counts("model.n_heads"),
-            "task": sorted({str(r.get("task")) for r in rows}), "steps": counts("steps"),
-            "machines": dict(sorted(machines.items())),
-            "train_time_s": round(sum(r.get("train_time_s") or 0.0 for r in results), 1),
-            "commit": ", ".join(commits) if commits else source_commit(),
-            "commit_recorded": bool(commits),
-            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
-
-
-def _results(run: str) -> dict:
-    """A run's results.json, through blocklab.folder; one line where it cannot be read."""
-    try:
-        return folder.read_json(run, RESULTS_FILE)
-    except ConfigError:
-        raise
-    except (OSError, ValueError, RecursionError) as err:
-        raise UnreadableRun(Path(run) / RESULTS_FILE, f"{type(err).__name__}: {err}") from None
-
-
 def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], out: Path) -> list[Path]:
     """Per study in the folder: its jsonl, page and figure under `out`; then the index. Raises ConfigError (one
     line) for a study name that cannot name a file, or a scale that is not one, before anything is written. Runs
@@ -191,254 +119,11 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
     return written
 
 
-def study_error(name: str, study: dict, members: list[dict]) -> str | None:
-    """The one line for a study block (from a run's saved config) no findings page can be written for: a scale
-    that is not a positive number names no page (study_folder). Checked before any file is written."""
-    scale = study.get("scale", 1)
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0:
-        return None
-    where = f" (in {Path(members[0]['run']) / '.hydra' / 'config.yaml'})" if members else ""
-    return (f"study.scale={str(scale)[:40]!r} of study {str(name)[:60]}{where} must be a positive number (1: the "
-            "sweep file's size), or no findings page can be named for it; fix the value or move that run away")
-
-
-def studies_error(rows: list[dict], specs: dict[str, dict]) -> str | None:
-    """study_error's line for the first study of the folder that has one, or None."""
-    return next(filter(None, (study_error(name, study, [r for r in rows if r.get("study") == name])
-                              for name, study in specs.items())), None)
-
-
-def _planned(measured: list[str]) -> dict:
-    """The modifications that do not apply to a decoder LM, with why, and those that apply but have no completed
-    run in this folder (blocklab.modifications), so a partial table says what it lacks."""
-    from blocklab.modifications import BASELINE, plan
-
-    planned = plan()
-    return {"left_out": [[m, why] for m, why in planned.left_out.items()],
-            "not_run": [m for m in [BASELINE, *planned.jobs] if m not in set(measured)]}
-
-
-def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
-    """A findings file: its header and its jobs. ConfigError (one line) where it is not one."""
-    try:
-        lines = [json.loads(line) for line in folder.read_text(path.parent, path.name).splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # FolderError: its own line
-        raise ConfigError(f"{path}: unreadable ({type(err).__name__}); regenerate it with python -m blocklab.report "
-                          "SWEEP_DIR --findings docs/findings") from None
-    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
-        raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
-                          "blocklab.report SWEEP_DIR --findings docs/findings")
-    return lines[0], lines[1:]
-
-
 # ---------------------------------------------------------------- from the jsonl to the page
-def _keys(meta: dict) -> list[str]:
-    return [k for k in meta["study"].get("compare") or [] if isinstance(k, str)]
-
-
-def _groups(meta: dict, jobs: list[dict]) -> dict[tuple, list[dict]]:
-    keys = _keys(meta)
-    rows = [{**{k: j["setting"].get(k) for k in keys}, "job": j} for j in jobs if j.get("status") == "completed"]
-    return {key: [r["job"] for r in members] for key, members in group(rows, keys).items()}
-
-
-def _metric(job: dict, metric: str):
-    return job["metrics"].get(metric) if metric in job["metrics"] else job.get(metric)
-
-
-def learned(groups: dict[tuple, list[dict]]):
-    """The HTML report's rule (build.learning): a setting learned when its seeds' mean in-distribution exact match
-    reaches the threshold one run is held to."""
-    return learning({k: [{"exact_match_in": j.get("in_distribution_exact_match")} for j in members]
-                     for k, members in groups.items()})
-
-
 def learning_flag(meta: dict, groups) -> str | None:
     """The flag a page puts before any conclusion: the HTML report's note (build.learning_note), as one line."""
     note = learning_note("", _keys(meta), learned(groups))
     return None if note is None else f"{note.lead} {' '.join(str(p) for p in note.parts)}"
-
-
-def _select(groups, spec) -> tuple[str, list[dict]]:
-    """The jobs of every setting whose compare values (or choices) match `spec` ({key: value}); a label for them."""
-    spec = spec if isinstance(spec, dict) else {}
-    label = ", ".join(f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in spec.items())
-    jobs = [j for members in groups.values() for j in members
-            if spec and all(str(j["setting"].get(k, j["choices"].get(k))) == str(v) for k, v in spec.items())]
-    return label, jobs
-
-
-def also(meta: dict, jobs: list[dict]) -> list[tuple[str, str]]:
-    """The study's further claims (study.verdict.also: a list of claims as the verdict states one, each with its own
-    `paper` where it tests another), judged as the first; the index carries the first alone."""
-    v = meta["study"].get("verdict")
-    further = v.get("also") if isinstance(v, dict) else None
-    return [judge({**meta, "study": {**meta["study"], "verdict": claim,
-                                     "paper": claim.get("paper") or meta["study"].get("paper")}}, jobs)
-            for claim in further or [] if isinstance(claim, dict)]
-
-
-def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
-    """(outcome, sentence): the study's claim (study.verdict: claim, metric, better, than, paper_scale, why) tested
-    on the data. agrees: the intervals are apart and the claimed setting is better; contradicts: apart the other
-    way; not at this scale: they overlap, or a setting compared beyond its training lengths never learned them."""
-    study = meta["study"]
-    v, paper = study.get("verdict") or {}, study.get("paper") or "the paper"
-    if not isinstance(v, dict) or not isinstance(v.get("metric"), str):
-        return "none", "The sweep file states no claim to test (study.verdict)."
-    metric, where = v["metric"], v.get("where") or {}
-    groups = {k: [j for j in m if all(str(j["setting"].get(a, j["choices"].get(a))) == str(b)
-                                      for a, b in where.items())] for k, m in _groups(meta, jobs).items()}
-    groups = {k: m for k, m in groups.items() if m}
-    (a_name, a), (b_name, b) = _select(groups, v.get("better")), _select(groups, v.get("than"))
-    claim = v.get("claim") or f"{a_name} beats {b_name} on {metric}"
-    scale = v.get("paper_scale") or "a larger scale"
-    why = f" ({v['why']})" if v.get("why") else ""  # what the sweep found out about why
-    if not a or not b:
-        return "none", f"{claim}: no completed runs of {a_name if not a else b_name} here."
-    if beyond_training(metric):
-        for label, members in ((a_name, a), (b_name, b)):
-            scores = stats.finite([j.get("in_distribution_exact_match") for j in members])
-            if scores and sum(scores) / len(scores) < LEARNED_THRESHOLD:
-                k = sum(x >= LEARNED_THRESHOLD for x in scores)
-                return "scale", (f"{claim}: not testable at this scale, because {label} did not learn its training "
-                                 f"lengths (in-distribution exact match {stats.fmt(sum(scores) / len(scores))}, {k} of "
-                                 f"{len(scores)} seeds ≥ {LEARNED_THRESHOLD:g}); {paper} saw it at {scale}{why}.")
-    ea, eb = stats.estimate([_metric(j, metric) for j in a]), stats.estimate([_metric(j, metric) for j in b])
-    if ea is None or eb is None:
-        return "none", f"{claim}: {metric} is not recorded for {a_name if ea is None else b_name}."
-    higher = _direction(metric) is not False
-    p = stats.prob_improvement(ea.values, eb.values, higher_is_better=higher)
-    said = (f"{a_name} {stats.mean_interval(ea)} against {b_name} {stats.mean_interval(eb)} on {metric} "
-            f"({stats.seeds_phrase(ea, eb)}), P({a_name} better) = {p:.2f}")
-    if stats.overlap(ea, eb):
-        return "scale", f"{claim}? {said}: the intervals overlap, so it does not show at this scale ({paper} saw it at {scale}){why}."
-    if (ea.mean > eb.mean) == higher:
-        return "yes", f"{claim}: {said}, intervals apart: agrees with {paper}."
-    return "no", f"{claim}? {said}, intervals apart the other way: contradicts {paper} at this scale{why}."
-
-
-def _verdict_metric(meta: dict) -> str:
-    study = meta["study"]
-    verdict = study.get("verdict") if isinstance(study.get("verdict"), dict) else {}
-    metrics = [m for m in study.get("metrics") or [] if isinstance(m, str)]
-    return verdict.get("metric") or (metrics[0] if metrics else "final_val_loss")
-
-
-def tuned(meta: dict, groups) -> dict[tuple, list[AtChoice]] | None:
-    """Where the sweep tries several learning rates per setting: {setting without the lr: its learning rates, each
-    with its jobs' scores on the verdict's metric}; None where it does not."""
-    keys = _keys(meta)
-    if OVER not in keys:
-        return None
-    i, metric = keys.index(OVER), _verdict_metric(meta)
-    per: dict[tuple, list[AtChoice]] = {}
-    for key, members in groups.items():
-        if scores := stats.finite([_metric(j, metric) for j in members]):
-            per.setdefault(key[:i] + key[i + 1:], []).append(AtChoice(key[i], scores, members))
-    if all(len(tried) < 2 for tried in per.values()):
-        return None
-    return per
-
-
-def _with_lr(meta: dict, rest: tuple, lr) -> tuple:
-    """A setting's group key from its key without the learning rate and the rate."""
-    i = _keys(meta).index(OVER)
-    return rest[:i] + (lr,) + rest[i:]
-
-
-def at_best(meta: dict, groups, best: dict | None) -> dict[tuple, list[dict]]:
-    """Each setting at its best learning rate (`best`: tuned's answer; all settings where it is None): what the
-    learning flag and the figure judge, since a learning rate that failed says nothing about the setting."""
-    if best is None:
-        return groups
-    higher = _direction(_verdict_metric(meta)) is not False
-    return {(key := _with_lr(meta, rest, best_choice(tried, higher).value)): groups[key] for rest, tried in best.items()}
-
-
-def _tuned_table(meta: dict, groups, best: dict) -> dict:
-    """One row per setting at its best learning rate, with how many of the rates tried reach FRACTION of that best:
-    the width of the working range (arXiv 2508.19029 found recurrent models recall only inside a narrow one).
-    A setting that learned at no rate has none: near chance every rate looks alike."""
-    keys = _keys(meta)
-    rest_keys = [k for k in keys if k != OVER]
-    metric = _verdict_metric(meta)
-    higher = _direction(metric) is not False
-    metrics = [m for m in meta["study"].get("metrics") or [] if isinstance(m, str)] or [metric]
-    learn = learned(groups)
-    header = ["setting", "best lr", "seeds", "learned (seeds ≥ %g)" % LEARNED_THRESHOLD,
-              *(f"{m} mean [95% CI]" for m in metrics),
-              f"lrs within {FRACTION:g} of best"]
-    body = []
-    tops = {rest: best_choice(tried, higher) for rest, tried in best.items()}
-    for rest, tried in sorted(best.items(), key=lambda kv: (-1 if higher else 1) * tops[kv[0]].mean):
-        top = tops[rest]
-        members = top.members
-        works = sorted(working(tried, FRACTION, higher), key=lambda c: c.value)
-        e = learn.get(_with_lr(meta, rest, top.value))
-        body.append([setting_name(rest_keys, rest) or "all runs", str(top.value), str(len(members)),
-                     f"{e.learned_seeds} of {e.measured}" if e else "–",
-                     *(stats.mean_interval(stats.estimate([_metric(j, m) for j in members])) for m in metrics),
-                     f"{len(works)} of {len(tried)} ({', '.join(str(c.value) for c in works)})"
-                     if e is None or e.learned else "– (not learned at any)"])
-    return {"header": header, "body": body, "pairs": []}
-
-
-def _table(meta: dict, groups) -> dict:
-    metrics = [m for m in meta["study"].get("metrics") or [] if isinstance(m, str)] or ["final_val_loss"]
-    learn = learned(groups)
-    header = ["setting", "seeds", "learned (seeds ≥ %g)" % LEARNED_THRESHOLD, *(f"{m} mean [95% CI]" for m in metrics)]
-    body = []
-    for key, members in groups.items():
-        e = learn.get(key)
-        body.append([setting_name(_keys(meta), key) or "all runs", str(len(members)),
-                     f"{e.learned_seeds} of {e.measured}" if e else "–",
-                     *(stats.mean_interval(stats.estimate([_metric(j, m) for j in members])) for m in metrics)])
-    pairs = []
-    if len(groups) == 2:  # two settings: P(A better than B) on every metric with a better direction
-        (ka, a), (kb, b) = groups.items()
-        for m in metrics:
-            if (higher := _direction(m)) is not None:
-                p = stats.prob_improvement([_metric(j, m) for j in a], [_metric(j, m) for j in b], higher)
-                if p is not None:
-                    pairs.append(f"P({setting_name(_keys(meta), ka)} better than {setting_name(_keys(meta), kb)} "
-                                 f"on {m}) = {p:.2f}")
-    return {"header": header, "body": body, "pairs": pairs}
-
-
-def _context_loss(job: dict, times: int = 4):
-    """The loss at `times` the longest trained length (an LM's context), None where not evaluated there."""
-    trained = [e["length"] for e in job["eval"] if e.get("in_distribution") and e.get("length")]
-    if not trained:
-        return None
-    return next((e.get("loss") for e in job["eval"] if e.get("length") == times * max(trained)), None)
-
-
-def _against_baseline(meta: dict, groups) -> dict:
-    """The modifications table (Narang et al. 2021's, with intervals): params, tokens/s, final validation loss,
-    Δ against the baseline with P(better), loss at 4x the context; sorted by loss, the baseline marked."""
-    keys, base = _keys(meta), meta["study"].get("baseline") or {}
-    is_base = lambda key: all(str(dict(zip(keys, key)).get(k)) == str(v) for k, v in base.items())  # noqa: E731
-    base_jobs = next((m for k, m in groups.items() if is_base(k)), [])
-    b = stats.estimate([j.get("final_val_loss") for j in base_jobs])
-    rows = []
-    for key, members in groups.items():
-        e = stats.estimate([j.get("final_val_loss") for j in members])
-        delta = None if e is None or b is None else e.mean - b.mean
-        p = None if is_base(key) else stats.prob_improvement([j.get("final_val_loss") for j in members],
-                                                              [j.get("final_val_loss") for j in base_jobs], False)
-        label = setting_name(keys, key).split("=", 1)[-1] if len(keys) == 1 else setting_name(keys, key)
-        rows.append((e.mean if e else math.inf, [
-            f"**{label}** (baseline)" if is_base(key) else label, str(len(members)),
-            stats.fmt(stats.estimate([j.get("params") for j in members]).mean if members else None),
-            stats.mean_interval(stats.estimate([j.get("tokens_per_s") for j in members])),
-            stats.mean_interval(e), "–" if delta is None or is_base(key) else f"{delta:+.3f}",
-            "–" if p is None else f"{p:.2f}",
-            stats.mean_interval(stats.estimate([_context_loss(j) for j in members]))]))
-    rows.sort(key=lambda r: (r[0], r[1][0]))
-    return {"header": ["modification", "seeds", "params", "tokens/s mean [95% CI]", "final val loss mean [95% CI]",
-                       "Δ vs baseline", "P(better than baseline)", "loss at 4x context mean [95% CI]"],
-            "body": [r for _, r in rows], "pairs": []}
 
 
 def _study_line(study: dict) -> dict:
@@ -471,17 +156,20 @@ def other_scales(data: Path, meta: dict) -> list[dict]:
 def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[dict] = ()) -> str:
     """A measured page, from its jsonl (and, for a 1x page, the verdicts of its other scales' jsonl)."""
     groups = _groups(meta, jobs)
-    outcome, verdict = judge(meta, jobs)
+    verdicts = judge_page(meta, jobs)
     best = tuned(meta, groups)
     table = (_against_baseline(meta, groups) if meta["study"].get("baseline") else
              _tuned_table(meta, groups, best) if best else _table(meta, groups))
-    failed = [j for j in jobs if j.get("status") != "completed"]
+    failed = [j for j in jobs if j.get("status") not in KEPT]
+    diverged = [j for j in jobs if j.get("status") == "diverged"]
+    rows = [v.row for v in verdicts if v.row]
     hours = meta["train_time_s"] / 3600
     return ENV.get_template("findings.md.j2").render(
         meta=meta, study=_study_line(meta["study"]), flag=learning_flag(meta, at_best(meta, groups, best)), table=table,
-        tuned=best is not None, range_fraction=f"{FRACTION:g}", verdict=verdict,
-        also=[(OUTCOMES[o], sentence) for o, sentence in also(meta, jobs)],
-        outcome=OUTCOMES[outcome], figure=figure, failed=failed, settings=len(groups),
+        tuned=best is not None, range_fraction=f"{FRACTION:g}", verdict=verdicts[0].sentence,
+        also=[(OUTCOMES[v.outcome], v.sentence) for v in verdicts[1:]], comparisons=rows,
+        claims=len(rows), floor=verdicts[0].floor, flips=stats.MIN_FLIP_PAIRS, cl_formula=stats.CL_FORMULA,
+        outcome=OUTCOMES[verdicts[0].outcome], figure=figure, failed=failed, diverged=diverged, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
         seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
         not_run=meta.get("not_run") or [], scales=list(scales))
@@ -518,7 +206,7 @@ def draw(meta: dict, jobs: list[dict]) -> bytes | None:
         return None
     keys, study = _keys(meta), meta["study"]
     verdict = study.get("verdict") if isinstance(study.get("verdict"), dict) else {}
-    metric = _verdict_metric(meta)
+    metric = verdict_metric(meta)
     learn = learned(groups)
     lengths = sorted({e["length"] for j in jobs for e in j["eval"] if e.get("length") is not None})
     column = "exact_match" if "exact_match" in metric else "loss" if "loss" in metric else None

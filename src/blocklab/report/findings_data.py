@@ -1,0 +1,131 @@
+"""A findings page's data: from a sweep folder's runs to docs/findings/<sweep>.jsonl (a header line with the
+setup and the study block, then one line per job with only the fields of results.json a page uses), and back.
+
+Everything read from a run is untrusted; runs' results.json are read through blocklab.folder."""
+import datetime
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+from blocklab import folder, study_folder
+from blocklab.errors import ConfigError
+from blocklab.hardware import source_commit
+from blocklab.report.build import _value
+from blocklab.report.collect import UnreadableRun
+from blocklab.report.common import order
+from blocklab.results import RESULTS_FILE, swept_overrides
+
+FORMAT = 1  # the jsonl layout; a page refuses a file of another
+# The fields of results.json a page uses (and the eval rows' columns it reads); nothing else is kept.
+JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match", "final_val_loss", "params",
+              "tokens_per_s", "train_time_s", "steps", "machine", "commit")
+EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss")
+STUDY_FIELDS = ("name", "scale", "question", "exercise", "source", "paper", "compare", "metrics", "verdict",
+                "baseline", "page")
+
+def _plain(value):
+    """A JSON scalar: a non-finite float is null, anything not a scalar is left out (null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value if value is None or isinstance(value, (str, int, float, bool)) else None
+
+
+def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) -> dict:
+    """One job's line: its setting (the study's compare keys), seed, what it varied, and the fields a page uses."""
+    swept = row.get("overrides") or {}  # a key the sweep adds (+modification=...) is named without its +
+    record = {"job": Path(row["run"]).name,
+              "setting": {k: _plain(row[k] if k in row else swept.get(f"+{k}")) for k in keys},
+              "seed": _plain(row.get("seed")), "choices": {k: _plain(v) for k, v in results.get("choices", {}).items()},
+              "overrides": swept_overrides(results.get("overrides", []))}
+    record.update({f: _plain(results.get(f)) for f in JOB_FIELDS})
+    record["eval"] = [{f: _plain(e.get(f)) for f in EVAL_FIELDS} for e in results.get("eval") or []]
+    record["metrics"] = {m: _plain(_value(row, m)) for m in metrics}
+    return record
+
+
+def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
+    """The command that reruns these jobs: the sweep, then every key the jobs set, with the values they took."""
+    values: dict[str, list[str]] = {}
+    for overrides in records_overrides:
+        for override in overrides:
+            key, _, value = override.partition("=")
+            if key in ("sweep", "study.scale") or key.lstrip("+~").startswith("hydra"):
+                continue
+            if value not in values.setdefault(key, []):
+                values[key].append(value)
+    parts = [f"python train.py -m sweep={name}"] + ([f"study.scale={scale:g}"] if scale not in (None, 1) else [])
+    for key, seen in values.items():
+        seen = sorted(seen, key=lambda v: order(int(v) if v.lstrip("-").isdigit() else v))
+        parts.append(f"{key}={','.join(seen)}")
+    return " ".join(parts)
+
+
+def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], extra: dict | None = None) -> dict:
+    """The setup of the runs, as the page states it."""
+    import matplotlib
+
+    scale = study.get("scale", 1)
+    counts = lambda key: sorted({r.get(key) for r in rows if r.get(key) is not None}, key=order)  # noqa: E731
+    machines = Counter(r.get("machine") for r in results if r.get("machine"))
+    commits = sorted({r["commit"] for r in results if isinstance(r.get("commit"), str)})
+    return {"format": FORMAT, "sweep": study_folder(name, scale), "study": {k: study.get(k) for k in STUDY_FIELDS},
+            "command": _command(name, scale, [r.get("overrides", []) for r in results]),
+            "report": f"python -m blocklab.report outputs/sweeps/{study_folder(name, scale)} --findings docs/findings",
+            "scale": scale, "seeds": counts("seed"), "jobs": len(rows),
+            "d_model": counts("model.d_model"), "n_layers": counts("model.n_layers"), "n_heads": counts("model.n_heads"),
+            "task": sorted({str(r.get("task")) for r in rows}), "steps": counts("steps"),
+            "machines": dict(sorted(machines.items())),
+            "train_time_s": round(sum(r.get("train_time_s") or 0.0 for r in results), 1),
+            "commit": ", ".join(commits) if commits else source_commit(),
+            "commit_recorded": bool(commits),
+            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
+
+
+def _results(run: str) -> dict:
+    """A run's results.json, through blocklab.folder; one line where it cannot be read."""
+    try:
+        return folder.read_json(run, RESULTS_FILE)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, RecursionError) as err:
+        raise UnreadableRun(Path(run) / RESULTS_FILE, f"{type(err).__name__}: {err}") from None
+
+def study_error(name: str, study: dict, members: list[dict]) -> str | None:
+    """The one line for a study block (from a run's saved config) no findings page can be written for: a scale
+    that is not a positive number names no page (study_folder). Checked before any file is written."""
+    scale = study.get("scale", 1)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0:
+        return None
+    where = f" (in {Path(members[0]['run']) / '.hydra' / 'config.yaml'})" if members else ""
+    return (f"study.scale={str(scale)[:40]!r} of study {str(name)[:60]}{where} must be a positive number (1: the "
+            "sweep file's size), or no findings page can be named for it; fix the value or move that run away")
+
+
+def studies_error(rows: list[dict], specs: dict[str, dict]) -> str | None:
+    """study_error's line for the first study of the folder that has one, or None."""
+    return next(filter(None, (study_error(name, study, [r for r in rows if r.get("study") == name])
+                              for name, study in specs.items())), None)
+
+
+def _planned(measured: list[str]) -> dict:
+    """The modifications that do not apply to a decoder LM, with why, and those that apply but have no completed
+    run in this folder (blocklab.modifications), so a partial table says what it lacks."""
+    from blocklab.modifications import BASELINE, plan
+
+    planned = plan()
+    return {"left_out": [[m, why] for m, why in planned.left_out.items()],
+            "not_run": [m for m in [BASELINE, *planned.jobs] if m not in set(measured)]}
+
+
+def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
+    """A findings file: its header and its jobs. ConfigError (one line) where it is not one."""
+    try:
+        lines = [json.loads(line) for line in folder.read_text(path.parent, path.name).splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # FolderError: its own line
+        raise ConfigError(f"{path}: unreadable ({type(err).__name__}); regenerate it with python -m blocklab.report "
+                          "SWEEP_DIR --findings docs/findings") from None
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
+        raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
+                          "blocklab.report SWEEP_DIR --findings docs/findings")
+    return lines[0], lines[1:]

@@ -1,0 +1,267 @@
+"""The verdicts of a findings page: each claim registered in the sweep file (study.verdict and its `also` list),
+judged from the page's jsonl.
+
+A claim names two settings (`better`, `than`, within `where`). Their runs are paired by seed (seed s fixes the
+data order of every setting of a task), and by the compare keys the claim leaves open; the statistic is the mean
+of the per-seed differences A - B. The deciding rule is the two-sided paired t-test at the Holm-Bonferroni level
+over the page's registered claims (family-wise 0.05); the interval shown is drawn at that level, so it excludes 0
+exactly when the claim is decided, and the p-value shown is Holm-adjusted. From 6 pairs up the exact sign-flip
+p-value is shown too.
+
+A run that diverged, or a seed one setting lacks, is never dropped silently. For a metric better lower (a loss, a
+time) it counts as the worst value of that metric on the page, and the sentence says so; for any other metric the
+pair is named, left out of the test, and the claim marked. A diverged run stays in the groups (and so in the
+table and the figure): it is data. A metric that takes one value on every compared run cannot carry a verdict.
+
+A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
+why, and min_effect: the smallest difference that matters, in the metric's units (a positive number).
+
+Outcomes: yes (decided, the claimed way), no (decided, the other way), not distinguishable (at N seeds, whatever
+the means say), no difference that matters (decided, but the interval lies inside the claim's ±min_effect), not
+testable (a constant metric), not at this scale (a setting compared beyond its training lengths never learned
+them), not measured."""
+import math
+from dataclasses import dataclass
+
+from blocklab.report import stats
+from blocklab.report.build import _direction, beyond_training, learning
+from blocklab.report.common import group, order
+from blocklab.results import LEARNED_THRESHOLD
+
+KEPT = ("completed", "diverged")  # the runs a page shows: a diverged run is data, not a missing row
+OUTCOMES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "no difference that matters",
+            "const": "not testable", "scale": "not at this scale", "none": "not measured"}
+
+
+# ---------------------------------------------------------------- the jsonl's runs, grouped
+def keys_of(meta: dict) -> list[str]:
+    return [k for k in meta["study"].get("compare") or [] if isinstance(k, str)]
+
+
+def groups_of(meta: dict, jobs: list[dict]) -> dict[tuple, list[dict]]:
+    """Setting -> its runs that completed or diverged (a failed run measured nothing)."""
+    keys = keys_of(meta)
+    rows = [{**{k: j["setting"].get(k) for k in keys}, "job": j} for j in jobs if j.get("status") in KEPT]
+    return {key: [r["job"] for r in members] for key, members in group(rows, keys).items()}
+
+
+def metric_of(job: dict, metric: str):
+    return job["metrics"].get(metric) if metric in job["metrics"] else job.get(metric)
+
+
+def learned(groups: dict[tuple, list[dict]]):
+    """The HTML report's rule (build.learning): a setting learned when its seeds' mean in-distribution exact match
+    reaches the threshold one run is held to."""
+    return learning({k: [{"exact_match_in": j.get("in_distribution_exact_match")} for j in members]
+                     for k, members in groups.items()})
+
+
+def _matches(job: dict, spec: dict) -> bool:
+    return all(str(job["setting"].get(k, job["choices"].get(k))) == str(v) for k, v in spec.items())
+
+
+def spec_label(spec) -> str:
+    return ", ".join(f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in spec.items()) if isinstance(spec, dict) else ""
+
+
+def select(groups, spec) -> tuple[str, list[dict]]:
+    """The runs of every setting whose compare values (or choices) match `spec` ({key: value}); a label for them."""
+    spec = spec if isinstance(spec, dict) else {}
+    return spec_label(spec), [j for members in groups.values() for j in members if spec and _matches(j, spec)]
+
+
+def claims(meta: dict) -> list:
+    """The page's registered claims: study.verdict, then each of its `also`."""
+    v = meta["study"].get("verdict")
+    if not isinstance(v, dict):
+        return []
+    return [v, *(v.get("also") or [])]
+
+
+# ---------------------------------------------------------------- one claim
+@dataclass
+class Verdict:
+    """A claim's outcome and sentence; its row of the page's comparisons table; the noise floor sentence."""
+
+    outcome: str
+    sentence: str
+    row: list[str] | None = None
+    floor: str | None = None
+
+
+@dataclass
+class _Pairs:
+    """A claim paired by seed, before the page's Holm step-down decides it."""
+
+    claim: dict
+    words: dict  # claim, a, b, paper, scale, why, metric
+    a: list[float]
+    b: list[float]
+    notes: list[str]  # a value counted as the page's worst
+    worst: float | None
+    incomplete: list[str]  # a pair left out of the test (the claim is marked)
+    sd_b: float | None
+    min_effect: float | None
+    paired: stats.Paired | None
+
+
+def _label(key: tuple, rest: list[str]) -> str:
+    return f"seed {key[0]}" + (f" ({', '.join(f'{k.rsplit(chr(46), 1)[-1]}={v}' for k, v in zip(rest, key[1:]))})"
+                               if rest else "")
+
+
+def _side(members: list[dict], metric: str, key_of) -> dict[tuple, tuple[float | None, str]]:
+    """Pair key -> (the mean of its runs' finite values, or None with why: diverged / not recorded)."""
+    by: dict[tuple, list[dict]] = {}
+    for j in members:
+        by.setdefault(key_of(j), []).append(j)
+    out = {}
+    for key, js in by.items():
+        values = stats.finite([metric_of(j, metric) for j in js])
+        why = "diverged" if any(j.get("status") == "diverged" for j in js) else f"recorded no {metric}"
+        out[key] = (sum(values) / len(values), "") if values else (None, why)
+    return out
+
+
+def _pair(meta: dict, jobs: list[dict], claim: dict, words: dict, a: list[dict], b: list[dict]):
+    """The claim's pairs, or a Verdict where it cannot be tested."""
+    metric = claim["metric"]
+    named = {*(claim.get("better") or {}), *(claim.get("than") or {}), *(claim.get("where") or {})}
+    rest = [k for k in keys_of(meta) if k not in named]
+    key_of = lambda j: (j.get("seed"), *(str(j["setting"].get(k)) for k in rest))  # noqa: E731
+    sa, sb = _side(a, metric, key_of), _side(b, metric, key_of)
+    recorded = [stats.finite([metric_of(j, metric) for j in side]) for side in (a, b)]
+    if not all(recorded):
+        lacking = words["a" if not recorded[0] else "b"]
+        return Verdict("none", f"{words['claim']}: {metric} is not recorded for {lacking}.")
+    lower = _direction(metric) is False
+    seen = stats.finite([metric_of(j, metric) for j in jobs if j.get("status") in KEPT])
+    worst = max(seen) if lower and seen else None
+    xs, ys, notes, incomplete = [], [], [], []
+    for key in sorted(set(sa) | set(sb), key=lambda k: tuple(order(v) for v in k)):
+        (va, why_a), (vb, why_b) = sa.get(key, (None, "has no run")), sb.get(key, (None, "has no run"))
+        gaps = [f"{name} {why}" for name, v, why in ((words["a"], va, why_a), (words["b"], vb, why_b)) if v is None]
+        if gaps and worst is None:
+            incomplete.append(f"{_label(key, rest)}: {' and '.join(gaps)}")
+            continue
+        if gaps:
+            notes.append(f"{_label(key, rest)}: {' and '.join(gaps)}")
+        xs.append(worst if va is None else va)
+        ys.append(worst if vb is None else vb)
+    if xs and len(set(xs + ys)) == 1 and not incomplete:
+        return Verdict("const", f"{words['claim']}: not testable: {metric} is {stats.fmt(xs[0])} on every run of both "
+                                f"{words['a']} and {words['b']} ({len(xs)} seeds each), and a constant cannot carry a "
+                                "verdict.")
+    effect = claim.get("min_effect")
+    if effect is not None and not (isinstance(effect, (int, float)) and not isinstance(effect, bool)
+                                   and math.isfinite(effect) and effect > 0):
+        return Verdict("none", f"{words['claim']}: not judged: its min_effect={str(effect)[:40]!r} is not a positive "
+                               f"number (the smallest difference that matters, in {metric}'s units).")
+    base = stats.estimate(recorded[1])
+    return _Pairs(claim, words, xs, ys, notes, worst, incomplete, base.sd if base.n > 1 else None, effect,
+                  stats.paired_t([x - y for x, y in zip(xs, ys)]))
+
+
+def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:
+    study = meta["study"]
+    if not isinstance(claim, dict) or not isinstance(claim.get("metric"), str):
+        return Verdict("none", "The sweep file states no claim to test (study.verdict).")
+    metric, where = claim["metric"], claim.get("where") or {}
+    groups = {k: [j for j in m if _matches(j, where)] for k, m in groups_of(meta, jobs).items()}
+    groups = {k: m for k, m in groups.items() if m}
+    (a_name, a), (b_name, b) = select(groups, claim.get("better")), select(groups, claim.get("than"))
+    words = {"claim": claim.get("claim") or f"{a_name} beats {b_name} on {metric}", "a": a_name, "b": b_name,
+             "paper": claim.get("paper") or study.get("paper") or "the paper", "metric": metric,
+             "scale": claim.get("paper_scale") or "a larger scale",
+             "why": f" ({claim['why']})" if claim.get("why") else ""}  # what the sweep found out about why
+    if not a or not b:
+        return Verdict("none", f"{words['claim']}: no completed or diverged run of {a_name if not a else b_name} here.")
+    if beyond_training(metric):
+        for label, members in ((a_name, a), (b_name, b)):
+            scores = stats.finite([j.get("in_distribution_exact_match") for j in members])
+            if scores and sum(scores) / len(scores) < LEARNED_THRESHOLD:
+                k = sum(x >= LEARNED_THRESHOLD for x in scores)
+                return Verdict("scale", (
+                    f"{words['claim']}: not testable at this scale, because {label} did not learn its training "
+                    f"lengths (in-distribution exact match {stats.fmt(sum(scores) / len(scores))}, {k} of "
+                    f"{len(scores)} seeds ≥ {LEARNED_THRESHOLD:g}); {words['paper']} saw it at {words['scale']}"
+                    f"{words['why']}."))
+    return _pair(meta, jobs, claim, words, a, b)
+
+
+def _decide(t: _Pairs, h: stats.Holm, number: int) -> Verdict:
+    """The claim's verdict under its Holm level `h`."""
+    w, p = t.words, t.paired
+    n, metric = len(t.a), w["metric"]
+    seeds = f"{n} seed{'s' if n != 1 else ''}"
+    ma, mb = (sum(t.a) / n, sum(t.b) / n) if n else (None, None)
+    worst = (f" ({'; '.join(t.notes)}: counted as the worst {metric} on this page, {stats.fmt(t.worst)})"
+             if t.notes else "")
+    marked = (f" Marked: {len(t.incomplete)} pair{'s' if len(t.incomplete) > 1 else ''} left out of the test "
+              f"({'; '.join(t.incomplete)})." if t.incomplete else "")
+    pairs = str(n) + (f" ({len(t.notes)} at the worst)" if t.notes else "") + \
+        (f" (+{len(t.incomplete)} incomplete)" if t.incomplete else "")
+    row = [str(number), f"{w['a']} − {w['b']}", metric, pairs]
+    if p is None:
+        sentence = (f"{w['claim']}? Not distinguishable at {seeds}: {n} complete pair{'s' if n != 1 else ''} cannot "
+                    f"be tested{worst}; {w['paper']} saw it at {w['scale']}{w['why']}.{marked}")
+        return Verdict("nd", sentence, row + ["–"] * 7 + [OUTCOMES["nd"]])
+    low, high = p.interval(h.level)
+    said = (f"{w['a']} {stats.fmt(ma)} against {w['b']} {stats.fmt(mb)} on {metric}; paired difference over {seeds} "
+            f"{stats.signed(p.mean)} [{stats.fmt(low, p.mean)}, {stats.fmt(high, p.mean)}] "
+            f"({stats.confidence(h.level)}, Holm), p {stats.p_is(h.adjusted)} (Holm){worst}")
+    higher = _direction(metric) is not False
+    if not h.rejected:
+        outcome, sentence = "nd", (f"{w['claim']}? Not distinguishable at {seeds}: {said}; {w['paper']} saw it at "
+                                   f"{w['scale']}{w['why']}.")
+    elif t.min_effect is not None and -t.min_effect <= low and high <= t.min_effect:
+        outcome, sentence = "trivial", (f"{w['claim']}? No difference that matters: {said}, inside ±{t.min_effect:g} "
+                                        f"(the claim's min_effect){w['why']}.")
+    elif (p.mean > 0) == higher:
+        outcome, sentence = "yes", f"{w['claim']}: {said}: agrees with {w['paper']}."
+    else:
+        outcome, sentence = "no", (f"{w['claim']}? {said}, the other way: contradicts {w['paper']} at this scale"
+                                   f"{w['why']}.")
+    flip = stats.sign_flip_p(p.diffs) if n >= stats.MIN_FLIP_PAIRS else None
+    flip = (stats.fmt_p(flip) if flip is not None else f"– (< {stats.MIN_FLIP_PAIRS} pairs)"
+            if n < stats.MIN_FLIP_PAIRS else "– (too many pairs to enumerate)")
+    mde = stats.detectable(p.sd, n, h.level)
+    row += [f"{stats.signed(p.mean)} [{stats.fmt(low, p.mean)}, {stats.fmt(high, p.mean)}]",
+            stats.confidence(h.level), stats.fmt_p(p.p), stats.fmt_p(h.adjusted), flip, stats.fmt(t.sd_b), stats.fmt(mde, p.sd or None), OUTCOMES[outcome]]
+    floor = (f"{w['b']}'s seed sd on {metric} is {stats.fmt(t.sd_b)}; with {seeds} paired, the smallest difference "
+             f"the paired t-test at its Holm level (α = {h.level:.3g}) detects with {stats.POWER:.0%} power is "
+             f"{stats.fmt(mde, p.sd or None)} ((t_(1−α/2, n−1) + t_(0.8, n−1)) · sd / √n, from the observed sd "
+             f"of the per-seed differences, {stats.fmt(p.sd)})")
+    return Verdict(outcome, sentence + marked, row, floor)
+
+
+def judge_page(meta: dict, jobs: list[dict]) -> list[Verdict]:
+    """Every registered claim of the page, decided together: Holm over all of them (a claim not tested counts in
+    m and is never rejected)."""
+    tests = [_test(meta, jobs, claim) for claim in claims(meta)]
+    if not tests:
+        return [Verdict("none", "The sweep file states no claim to test (study.verdict).")]
+    holm = stats.holm([t.paired.p if isinstance(t, _Pairs) and t.paired else None for t in tests])
+    out = []
+    for number, (t, h) in enumerate(zip(tests, holm), 1):
+        if isinstance(t, _Pairs):
+            out.append(_decide(t, h, number))
+        else:
+            c = claims(meta)[number - 1]
+            c = c if isinstance(c, dict) else {}
+            out.append(Verdict(t.outcome, t.sentence, [str(number), f"{spec_label(c.get('better'))} − "
+                                                       f"{spec_label(c.get('than'))}", str(c.get("metric", "–"))]
+                               + ["–"] * 8 + [OUTCOMES[t.outcome]]))
+    return out
+
+
+def judge(meta: dict, jobs: list[dict]) -> tuple[str, str]:
+    """(outcome, sentence) of the study's first claim, decided with the page's others (Holm)."""
+    v = judge_page(meta, jobs)[0]
+    return v.outcome, v.sentence
+
+
+def also(meta: dict, jobs: list[dict]) -> list[tuple[str, str]]:
+    """The study's further claims (study.verdict.also: each with its own `paper` where it tests another), decided
+    with the first; the index carries the first alone."""
+    return [(v.outcome, v.sentence) for v in judge_page(meta, jobs)[1:]]
