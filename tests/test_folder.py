@@ -196,3 +196,14 @@ def test_a_written_file_has_the_mode_open_would_give_it(root):
     os.umask(umask)
     path = folder.write_text(root, "report/index.html", "<p>shared</p>")
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_library_folder_may_hold_its_own_links_but_may_not_be_one(root, tmp_path):
+    """W&B keeps wandb/latest-run as a link to its run: the walk leaves W&B's folder to W&B. A link planted as the
+    folder itself is still refused."""
+    folder.make_dirs(root, "wandb/offline-run-1")
+    os.symlink("offline-run-1", root / "wandb" / "latest-run")
+    folder.check_tree(root)
+    os.symlink(tmp_path, root / "diagnostics")
+    with pytest.raises(FolderError, match="is a link"):
+        folder.check_tree(root)

@@ -201,23 +201,22 @@ def test_a_launch_that_would_reuse_a_job_trained_otherwise_or_mix_scales_is_refu
 def test_a_job_folder_written_by_a_packed_sweep_resumes_and_is_reused(tmp_path):
     """Seed packing is gone (docs/decisions/seed-packing.md), but folders its sweeps wrote saved study.pack_seeds in
     their config: an interrupted job resumes from its checkpoint, and a finished one is still skipped as finished."""
-    import torch
-
     from blocklab.results import write_results
+    from blocklab.train.run import run
     from blocklab.train.sweep import check_sweep_jobs
 
     folder = tmp_path / "sweep"
-    job = ["sweep=pe_copy", "pos=rope", "seed=0"]
-    run_dir = folder / "pos=rope,seed=0"
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / "checkpoints").mkdir()
+    job = ["sweep=pe_copy", "pos=rope", "seed=0", "trainer.max_steps=3", "trainer.val_check_interval=3",
+           "task.eval_examples=4", "logger=none", "diagnostics=none"]
+    run_dir = folder / "pos=rope,seed=0,task.eval_examples=4,trainer.max_steps=3,trainer.val_check_interval=3"
     config = compose_config(job)
     config.run_dir = str(run_dir)  # a job folder's name holds `=`, which an override's value cannot
-    saved = OmegaConf.to_container(config, resolve=True)
+    run(config)  # a real checkpoint at step 3
+    (run_dir / "results.json").unlink()  # what an interruption leaves
+    saved = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
     saved["study"]["pack_seeds"] = True
     OmegaConf.save(OmegaConf.create(saved), run_dir / ".hydra" / "config.yaml")
-    torch.save({"global_step": 7, "state_dict": {}}, run_dir / "checkpoints" / "last.ckpt")
-    assert prepare(config).start_step == 7
+    assert prepare(config).start_step == 3
     write_results(run_dir, {"status": "completed"})
     assert check_sweep_jobs([*job, f"hydra.sweep.dir={folder}"]) == 1
 

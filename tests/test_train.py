@@ -210,11 +210,11 @@ def test_full_disk_is_a_clear_error(run_dir, monkeypatch):
     from blocklab.errors import ConfigError
     from blocklab.results import write_results
 
-    def full(self, *args, **kwargs):
+    def full(*args, **kwargs):
         raise OSError(errno_module.ENOSPC, "No space left on device")
 
     run_dir.mkdir()
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr("blocklab.folder.write_bytes", full)
     with pytest.raises(ConfigError, match="No space left on device; free disk space"):
         write_results(run_dir, {"status": "completed"})
 

@@ -81,7 +81,7 @@ def check(root: Path, path: Path | str, want: str | None = None) -> Path:
         current = current / part
         try:
             mode = os.lstat(current).st_mode
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # missing (a file where a folder of the root's path is)
             return root / rel
         except OSError as err:
             raise FolderError(f"{current} cannot be read ({err.strerror}); {FIX}") from None
@@ -96,10 +96,18 @@ def check(root: Path, path: Path | str, want: str | None = None) -> Path:
     return root / rel
 
 
+# Folders whose contents a library owns (the folder itself is checked): W&B keeps a `latest-run` link in its own.
+LIBRARY_FOLDERS = frozenset({"wandb"})
+
+
 def check_tree(root: Path) -> None:
     """Refuses the first link or special file anywhere below `root` (walked without following links), so a command
-    on a crafted folder stops before any work rather than at the first file it happens to open."""
+    on a crafted folder stops before any work rather than at the first file it happens to open. BlockLab reads
+    nothing inside LIBRARY_FOLDERS, so their contents are the library's business."""
     for current, dirs, files in os.walk(root, followlinks=False):
+        if Path(current) != Path(root) and Path(current).name in LIBRARY_FOLDERS:
+            dirs.clear()
+            continue
         for name in sorted(dirs + files):
             mode = os.lstat(Path(current) / name).st_mode
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
@@ -112,7 +120,7 @@ def exists(root: Path, path: Path | str) -> bool:
     try:
         os.lstat(Path(root) / relative(root, path))
         return True
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     except OSError:
         return True

@@ -195,6 +195,13 @@ class ModelConfig:
         return ATTENTION_KINDS[self.attn.kind].label(self)
 
     @property
+    def kind_rotated_width(self) -> int | None:
+        """The width per head RoPE rotates where the attention kind sets it (MLA: attn.rope_dim), else None (the
+        head dimension). The frequencies, and the constraints of NTK and YaRN, are those of this width."""
+        width = getattr(ATTENTION_KINDS.get(self.attn.kind), "rotated_width", None)
+        return None if width is None else width(self)
+
+    @property
     def positions_applied(self) -> bool:
         """Whether the model sees positions through its scheme: not where pos=none, nor where the scheme only rotates
         queries and keys and the attention kind skips the rotation (GLA, DeltaNet without attn.rotary)."""

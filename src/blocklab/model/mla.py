@@ -71,7 +71,7 @@ class MultiHeadLatentAttention(Attention):
 
     @classmethod
     def rotated_width(cls, cfg) -> int:
-        """What the position scheme rotates per head: attn.rope_dim (position.rotated_width)."""
+        """What the position scheme rotates per head: attn.rope_dim (ModelConfig.kind_rotated_width)."""
         rope_dim = cfg.attn.options.get("rope_dim")
         return rope_dim if _positive_int(rope_dim) else derived_rope_dim(cfg.d_head)
 

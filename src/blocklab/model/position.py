@@ -144,22 +144,6 @@ def rope_frequencies(base: float, dim: int, device=None) -> Tensor:
     return base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
 
 
-def rotated_width(cfg) -> int:
-    """How many dimensions per head RoPE rotates under `cfg` (a ModelConfig): the head dimension, or what the
-    attention kind says (attn.kind=mla rotates only its decoupled attn.rope_dim). The frequencies, and the
-    constraints of NTK and YaRN, are those of this width."""
-    own = _kind_width(cfg)
-    return cfg.d_head if own is None else own
-
-
-def _kind_width(cfg) -> int | None:
-    """The rotated width the attention kind sets itself (MLA's rope_dim), else None (the head dimension)."""
-    from blocklab.model.attention import ATTENTION_KINDS  # here: attention imports this module (through mask)
-
-    width = getattr(ATTENTION_KINDS.get(cfg.attn.kind), "rotated_width", None)
-    return None if width is None else width(cfg)
-
-
 def _angles(positions: Tensor, dim: int, base: float) -> Tensor:
     """positions (B, T) -> angles (B, T, dim/2) with frequencies base^(-2i/dim)."""
     return positions.to(torch.float32)[..., None] * rope_frequencies(base, dim, positions.device)
@@ -232,7 +216,7 @@ class PositionInterpolation(NoScaling):
 class NTKAware(NoScaling):
     """NTK-aware scaling (bloc97 2023), as the YaRN paper defines it (§3.1, eq. 16): the base is raised,
     b' = b s^(|D| / (|D| - 2)), so the lowest frequency is interpolated by s while the highest is kept. |D| is the
-    rotated width (`rotated_width`: d_head, or attn.rope_dim under attn.kind=mla), so it needs |D| > 2."""
+    rotated width (d_head, or ModelConfig.kind_rotated_width: attn.rope_dim under attn.kind=mla), so it needs |D| > 2."""
 
     what = "changes rotary frequencies"
 
@@ -482,7 +466,7 @@ class RoPE(PositionScheme):
     """Su et al.: rotate each pair (x_2i, x_2i+1) of q and k by angle p * base^(-2i/d_head). Under pos.scaling
     the positions, the frequencies and the logits' temperature are the scaling's (POSITION_SCALINGS); the
     temperature sqrt(1/t) multiplies q and k through the rotation's magnitude, as YaRN's reference code does.
-    The rotated width is d_head, or the attention kind's (`rotated_width`: MLA's attn.rope_dim)."""
+    The rotated width is d_head, or the attention kind's (ModelConfig.kind_rotated_width: MLA's attn.rope_dim)."""
 
     scalings = ("none", "pi", "ntk", "yarn", "llama3")
 
@@ -493,7 +477,7 @@ class RoPE(PositionScheme):
 
     @classmethod
     def errors(cls, cfg, options):
-        own = _kind_width(cfg)
+        own = cfg.kind_rotated_width
         errs = scaling_errors(cls, options, d_head=cfg.d_head if own is None else own)
         if own is None and cfg.d_head % 2:  # a kind that rotates a width of its own (MLA) checks it itself
             return errs + [f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {cfg.d_head}; "

@@ -161,10 +161,10 @@ def _attention_plot(result: dict, out: Out | None = None, name: str = "attention
             style = ":" if row["explicit"] else "--" if row["skips_masked_work"] is False else "-"
             ax.plot(lengths, row[key], style, marker="o", markersize=3, label=row["variant"])
         start = result["summary"][0][key][0]
-        for power, name in ((1, "n"), (2, "n²")):  # guides through the first variant's first point
+        for power, label in ((1, "n"), (2, "n²")):  # guides through the first variant's first point
             guide = [start * (n / lengths[0]) ** power for n in lengths]
             ax.plot(lengths, guide, color="grey", linewidth=0.8, alpha=0.6)
-            ax.annotate(name, (lengths[-1], guide[-1]), fontsize=7, color="grey")
+            ax.annotate(label, (lengths[-1], guide[-1]), fontsize=7, color="grey")
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.set_yscale("log")
