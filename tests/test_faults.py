@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -176,6 +177,21 @@ def replace(path: Path, kind: str, outside: Path) -> None:
             file.truncate(3 * 2**30)
 
 
+@contextlib.contextmanager
+def hang_guard(seconds: int):
+    """Fails the test, rather than the whole run, where an entry blocks (a read of a named pipe waits forever)."""
+    def hung(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def check_special(finished, reference, entry, name, kind) -> None:
     """One line naming the file, exit 2, or the undamaged folder's result where the entry never reads that file (a
     resume rewrites model.json from its config), within seconds; the file outside and results.json unchanged."""
@@ -189,7 +205,8 @@ def check_special(finished, reference, entry, name, kind) -> None:
         results_before = (copy / "results.json").read_bytes() \
             if (copy / "results.json").is_file() and not (copy / "results.json").is_symlink() else None
         start = time.monotonic()
-        code, out, err = ENTRIES[entry](copy)
+        with hang_guard(120):
+            code, out, err = ENTRIES[entry](copy)
         assert time.monotonic() - start < 30
         lines = [line for line in err.splitlines() if line.strip()]
         if code == 0 and kind == "oversize":
@@ -247,7 +264,8 @@ def test_a_folder_of_links_changes_nothing_outside_it(finished, tmp_path):
              "findings": lambda: call(report_main, [str(run.parent), "--out", str(tmp_path / "report"),
                                                     "--findings", str(findings)])}
     for entry, function in calls.items():
-        code, out, err = function()
+        with hang_guard(120):
+            code, out, err = function()
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and "is a link" in lines[0], (entry, code, err[-1000:])
         assert snapshot(outside) == before, entry
@@ -281,7 +299,8 @@ def test_a_link_planted_where_a_writer_writes_is_refused(finished, tmp_path, ent
         function = {"resume": lambda: resume(run), "analyze": lambda: analyze(run),
                     "eval-scaling": lambda: call(analyze_main, [str(run), "--eval-scaling", "none"]),
                     "report": lambda: call(report_main, [str(run.parent)])}[entry]
-        code, out, err = function()
+        with hang_guard(120):
+            code, out, err = function()
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and "is a link" in lines[0], (code, err[-1000:])
         assert target.read_text() == "precious\n"

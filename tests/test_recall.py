@@ -170,3 +170,18 @@ def test_the_recall_sweep_file_asks_for_both_plots():
 
     kinds = {p["kind"] for p in OmegaConf.to_container(OmegaConf.load(CONF / "sweep" / "recall.yaml"))["study"]["plots"]}
     assert {"recall_memory", "lr_range"} <= kinds
+
+
+def test_a_best_learning_rate_at_the_grids_edge_is_not_named_the_best():
+    """Issue 54 item 6: recall's best rate for several kinds was the top of its grid. A best with a tried rate on each
+    side is named; one at either edge reads "not bracketed", since a better rate may lie past it."""
+    from blocklab.report.recall import AtChoice, best_named
+
+    def grid(means):
+        return [AtChoice(lr, [m], []) for lr, m in zip([1e-4, 4.6e-4, 2.2e-3, 1e-2], means)]
+
+    assert best_named(grid([0.2, 0.9, 0.5, 0.3])) == "0.00046"
+    assert best_named(grid([0.2, 0.3, 0.5, 0.9])) == "not bracketed (highest tried, 0.01)"
+    assert best_named(grid([0.9, 0.3, 0.5, 0.2])) == "not bracketed (lowest tried, 0.0001)"
+    assert best_named(grid([3.0, 1.0, 2.0, 4.0]), higher=False) == "0.00046"  # a loss: lowest is best
+    assert best_named(grid([0.9, 0.5])[:2]).startswith("not bracketed")  # two rates bracket nothing

@@ -9,7 +9,7 @@ from blocklab.report import stats
 from blocklab.report.build import _direction
 from blocklab.report.common import name as setting_name
 from blocklab.report.judge import keys_of as _keys, learned, metric_of as _metric
-from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, working
+from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, best_named, working
 from blocklab.results import LEARNED_THRESHOLD
 
 
@@ -71,7 +71,7 @@ def _tuned_table(meta: dict, groups, best: dict) -> dict:
         members = top.members
         works = sorted(working(tried, FRACTION, higher), key=lambda c: c.value)
         e = learn.get(_with_lr(meta, rest, top.value))
-        body.append([setting_name(rest_keys, rest) or "all runs", str(top.value), _seeds(members),
+        body.append([setting_name(rest_keys, rest) or "all runs", best_named(tried, higher), _seeds(members),
                      f"{e.learned_seeds} of {e.measured}" if e else "–",
                      *(_cell(members, m) for m in metrics),
                      f"{len(works)} of {len(tried)} ({', '.join(str(c.value) for c in works)})"

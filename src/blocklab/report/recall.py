@@ -67,6 +67,15 @@ def best(options: list[AtChoice], higher: bool = True) -> AtChoice:
     return max(options, key=lambda c: c.mean if higher else -c.mean)
 
 
+def best_named(options: list[AtChoice], higher: bool = True) -> str:
+    """The best value, where values were tried on both sides of it; else "not bracketed" at the grid's edge: a
+    better rate may lie past it, so none is named the best."""
+    top, values = best(options, higher), [c.value for c in options]
+    if len(values) >= 3 and min(values) < top.value < max(values):
+        return f"{top.value:g}"
+    return f"not bracketed ({'lowest' if top.value == min(values) else 'highest'} tried, {top.value:g})"
+
+
 def working(options: list[AtChoice], fraction: float, higher: bool = True) -> list[AtChoice]:
     """The values whose mean reaches `fraction` of the best mean (none where the best is not above 0); for a metric
     better lower, those within best / fraction."""
@@ -110,7 +119,8 @@ def plot_recall_memory(ax, rows: list[dict], spec: dict, metric: str, by: list[s
                 continue
             top = best(options, higher)
             points.append((sum(states) / len(states), top))
-            listed.append(f"{name([*by, *along], (*key, *where))}: {top.mean:.3f} at {_short(over)}={top.value:g}, "
+            listed.append(f"{name([*by, *along], (*key, *where))}: {top.mean:.3f} at {_short(over)}="
+                          f"{best_named(options, higher)}, "
                           f"{x} {sum(states) / len(states):,.0f}")
         if points:
             lines.append((key, sorted(points, key=lambda p: p[0])))
@@ -151,7 +161,7 @@ def plot_lr_range(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) 
                         color=line.get_color(), alpha=0.2, linewidth=0)
         top, ok = best(options), working(options, fraction)
         span = f" ({', '.join(f'{c.value:g}' for c in ok)})" if ok else ""
-        notes.append(f"{name(by, key) or 'all runs'}: best {top.mean:.3f} at {_short(over)}={top.value:g}, "
+        notes.append(f"{name(by, key) or 'all runs'}: best {top.mean:.3f} at {_short(over)}={best_named(options)}, "
                      f"{len(ok)} of {len(options)} reach {fraction:g} x best{span}")
     if not notes:
         return not_recorded(ax, f"{metric} per {over}")
