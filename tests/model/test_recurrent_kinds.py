@@ -408,3 +408,36 @@ def test_a_run_saved_before_the_options_reads_as_it_trained(kind, missing, old):
     assert ATTENTION_KINDS[kind].old_run_options(missing) == old
     assert ATTENTION_KINDS[kind].old_run_options({"rotary": False, "qk_activation": "silu"}) == \
         {"rotary": False, "qk_activation": "silu"}
+
+
+def test_based_mixes_its_paths_by_a_learned_weight_per_head():
+    """attn.path_mix: at init (both weights 1) the layer is the plain sum, the paper form above; weights (a, b) on a
+    head give a * Taylor + b * window there, so a head can turn its Taylor path off; path_mix=false has none."""
+    length, window = 9, 3
+    mixed = tiny_model("none", seed=0, vocab_size=V, kind="based", options={"chunk": 4, "window_size": window})
+    summed = tiny_model("none", seed=0, vocab_size=V, kind="based",
+                        options={"chunk": 4, "window_size": window, "path_mix": False})
+    attn, plain = mixed.blocks[0].attn, summed.blocks[0].attn
+    assert plain.path_weights is None and tuple(attn.path_weights.shape) == (2, 4, 1, 1)
+    plain.load_state_dict({k: v for k, v in attn.state_dict().items() if k != "path_weights"})
+    q, k, v = draw(1, 4, length, 8, seed=1), draw(1, 4, length, 8, seed=2), draw(1, 4, length, 8, seed=3)
+    positions = torch.arange(length)[None]
+    ctx = AttentionContext(positions=positions, position_scheme=mixed.pos, mask=None, is_causal=True,
+                           k_positions=positions)
+    with torch.no_grad():
+        torch.testing.assert_close(attn.attend(q, k, v, ctx, None), plain.attend(q, k, v, ctx, None))
+        attn.path_weights[:, 1] = torch.tensor([0.0, 2.0], **F64)[:, None, None]  # head 1: the window alone, doubled
+        attn.path_weights[:, 2] = torch.tensor([0.5, 0.0], **F64)[:, None, None]  # head 2: half the Taylor path
+        out = attn.attend(q, k, v, ctx, None)
+        fq, fk = (attn.feature_proj(x) / attn.feature_dim ** 0.25 for x in (q, k))
+    for h, (a, b) in ((0, (1.0, 1.0)), (1, (0.0, 2.0)), (2, (0.5, 0.0))):
+        both = based_oracle(fq[0, h], fk[0, h], q[0, h], k[0, h], v[0, h], window, attn.scale)
+        near = window_part(q[0, h], k[0, h], v[0, h], window, attn.scale)
+        torch.testing.assert_close(out[0, h], a * (both - near) + b * near, rtol=1e-9, atol=1e-9)
+    assert ATTENTION_KINDS["based"].old_run_options({}) == {"path_mix": False}
+
+
+def window_part(q, k, v, window, scale):
+    """The oracle's window path alone: softmax(scale q_i.k_j) over the last `window` keys."""
+    return torch.stack([torch.softmax(scale * (k[max(0, i - window + 1):i + 1] @ q[i]), 0)
+                        @ v[max(0, i - window + 1):i + 1] for i in range(k.shape[0])])

@@ -12,9 +12,12 @@ Two token mixers, each with a fixed-size decoding state:
     (1 + d' + d' (d' + 1) / 2) x (d_head + 1) per K/V head.
   - softmax attention over a small sliding window (64 tokens, itself included), sec. 4.2. Its state: the last
     window - 1 keys and values.
-Based interleaves the two as separate layers (with gated convolutions). Here one layer sums both paths on the
+Based interleaves the two as separate layers (with gated convolutions). Here one layer mixes both paths on the
 same queries, keys and values: a single-layer approximation, so every layer of a Based model can recall exactly
-what is near (the window) and approximately what is far (the Taylor map). The Taylor path reads q and k
+what is near (the window) and approximately what is far (the Taylor map). `attn.path_mix=true` (the default) weighs
+each path per head by a learned scalar, both starting at 1, so a head can turn the Taylor path down (with its
+feature projection at zero that path is the running mean of the values, which a plain sum adds at full weight);
+`false` sums them, as runs saved before the option did. The Taylor path reads q and k
 unrotated (no position scheme, as in Based's linear layers); the window path rotates them (RoPE) like softmax.
 
 Training: the linear path is linear_attention's chunked prefix sums; the window path runs in blocks of queries,
@@ -101,13 +104,27 @@ class BasedState:
 @ATTENTION_KINDS.register("based")
 class Based(KernelAttention):
     """Based (module docstring). Options: chunk (tokens per chunk of the linear path's prefix sums), feature_dim
-    (d', 16 in the paper), window_size (the sliding window, 64 in the paper)."""
+    (d', 16 in the paper), window_size (the sliding window, 64 in the paper), path_mix (a learned weight per head
+    on each path, or their plain sum)."""
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
-                 chunk: int = 64, feature_dim: int = 16, window_size: int = 64):
+                 chunk: int = 64, feature_dim: int = 16, window_size: int = 64, path_mix: bool = True):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)
         self.feature_dim, self.window_size = feature_dim, window_size
         self.feature_proj = nn.Linear(self.d_head, feature_dim, bias=False)  # per head, shared by q and k
+        # (Taylor, window) weight per head, (2, H, 1, 1); not an nn.Linear, so no init scheme redraws it
+        self.path_weights = nn.Parameter(torch.ones(2, n_heads, 1, 1)) if path_mix else None
+
+    @classmethod
+    def old_run_options(cls, options: dict) -> dict:
+        """A run saved before attn.path_mix summed the two paths."""
+        return options if "path_mix" in options else {**options, "path_mix": False}
+
+    def _mixed(self, linear: Tensor, window: Tensor) -> Tensor:
+        if self.path_weights is None:
+            return linear + window
+        taylor_weight, window_weight = self.path_weights.to(linear.dtype)
+        return taylor_weight * linear + window_weight * window
 
     @classmethod
     def errors(cls, cfg, options):
@@ -144,8 +161,8 @@ class Based(KernelAttention):
                 if state is not None:
                     raise ValueError("attention weights are not available while decoding with a recurrent state")
                 weights = sliding_window_weights(qg, k, valid, self.window_size, self.scale)
-                self.last_weights = linear_weights + weights.flatten(1, 2)
-                return linear + (weights @ v[:, :, None]).flatten(1, 2).to(dtype)
+                self.last_weights = self._mixed(linear_weights, weights.flatten(1, 2))
+                return self._mixed(linear, (weights @ v[:, :, None]).flatten(1, 2).to(dtype))
             if state is not None:
                 if state.keys is None:
                     held = self.window_size - 1
@@ -158,4 +175,4 @@ class Based(KernelAttention):
                 state.keys, state.values, state.valid = k[:, :, k.shape[2] - keep:], v[:, :, v.shape[2] - keep:], \
                     valid[:, valid.shape[1] - keep:]
             window = sliding_window_attention(qg, k, v, valid, self.window_size, self.scale)
-        return linear + window.flatten(1, 2).to(dtype)
+        return self._mixed(linear, window.flatten(1, 2).to(dtype))
