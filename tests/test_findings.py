@@ -290,7 +290,7 @@ def test_a_sweep_over_learning_rates_judges_each_setting_at_its_best_and_counts_
     assert set(findings.at_best(meta, groups, best)) == {("a", 0.01), ("b", 0.01)}
     page = findings.render_page(meta, jobs, None)
     row_a = next(line for line in page.splitlines() if line.startswith("| attn=a |"))
-    assert "| 0.01 |" in row_a and "2 of 3 (0.001, 0.01)" in row_a
+    assert "| 0.01 (the highest tried: not bracketed) |" in row_a and "2 of 3 (0.001, 0.01)" in row_a
     row_b = next(line for line in page.splitlines() if line.startswith("| attn=b |"))
     assert "not learned at any" in row_b
     flag = page[:page.index("**Verdict")]

@@ -92,7 +92,7 @@ def test_lr_range_counts_the_learning_rates_within_the_fraction_of_the_best():
 def test_a_setting_that_learned_nothing_has_no_working_range():
     rows = [row("linear", lr, 0, 0.0) for lr in LRS]
     note, _ = draw("lr_range", rows)
-    assert "attn=linear: best 0.000 at lr=0.0001, 0 of 4 reach 0.9 x best" in note
+    assert "attn=linear: best 0.000 at lr=0.0001 (the lowest tried: not bracketed), 0 of 4 reach 0.9 x best" in note
 
 
 def test_lr_range_refuses_a_loss_and_runs_it_would_pool():
@@ -181,7 +181,7 @@ def test_a_best_learning_rate_at_the_grids_edge_is_not_named_the_best():
         return [AtChoice(lr, [m], []) for lr, m in zip([1e-4, 4.6e-4, 2.2e-3, 1e-2], means)]
 
     assert best_named(grid([0.2, 0.9, 0.5, 0.3])) == "0.00046"
-    assert best_named(grid([0.2, 0.3, 0.5, 0.9])) == "not bracketed (highest tried, 0.01)"
-    assert best_named(grid([0.9, 0.3, 0.5, 0.2])) == "not bracketed (lowest tried, 0.0001)"
+    assert best_named(grid([0.2, 0.3, 0.5, 0.9])) == "0.01 (the highest tried: not bracketed)"
+    assert best_named(grid([0.9, 0.3, 0.5, 0.2])) == "0.0001 (the lowest tried: not bracketed)"
     assert best_named(grid([3.0, 1.0, 2.0, 4.0]), higher=False) == "0.00046"  # a loss: lowest is best
-    assert best_named(grid([0.9, 0.5])[:2]).startswith("not bracketed")  # two rates bracket nothing
+    assert best_named(grid([0.9, 0.5])[:2]).endswith("not bracketed)")  # two rates bracket nothing

@@ -73,7 +73,7 @@ def best_named(options: list[AtChoice], higher: bool = True) -> str:
     top, values = best(options, higher), [c.value for c in options]
     if len(values) >= 3 and min(values) < top.value < max(values):
         return f"{top.value:g}"
-    return f"not bracketed ({'lowest' if top.value == min(values) else 'highest'} tried, {top.value:g})"
+    return f"{top.value:g} (the {'lowest' if top.value == min(values) else 'highest'} tried: not bracketed)"
 
 
 def working(options: list[AtChoice], fraction: float, higher: bool = True) -> list[AtChoice]:
