@@ -225,8 +225,8 @@ def check_special(finished, reference, entry, name, kind) -> None:
 
 @pytest.mark.parametrize("kind", SPECIAL)
 @pytest.mark.parametrize("name", FILES)
-@pytest.mark.parametrize("entry", ["resume", "generate", *(pytest.param(e, marks=pytest.mark.slow)
-                                                          for e in ("analyze", "report"))])
+@pytest.mark.parametrize("entry", ["resume", *(pytest.param(e, marks=pytest.mark.slow)
+                                               for e in ("generate", "analyze", "report"))])
 def test_a_special_file_in_place_of_a_run_file_is_one_line(finished, reference, entry, name, kind):
     check_special(finished, reference, entry, name, kind)
 
