@@ -104,11 +104,10 @@ def test_an_interpolation_is_refused_not_resolved(text, monkeypatch):
     assert "hunter2" not in str(refused.value) and os.environ["HOME"] not in str(refused.value)
 
 
-def test_nan_in_json_is_not_json():
+def test_nan_in_json_is_not_json(root):
+    (root / "results.json").write_text('{"loss": NaN}')
     with pytest.raises(ValueError):
-        folder.parse_yaml  # noqa: B018  (the module is imported)
-        import json
-        json.loads('{"loss": NaN}', parse_constant=folder._no_constant)
+        folder.read_json(root, "results.json")
 
 
 def test_the_lock_refuses_a_second_holder_and_a_planted_link(root, tmp_path):

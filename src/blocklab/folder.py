@@ -9,12 +9,11 @@ A folder's root may itself be a link (people link `outputs/` to another disk), b
   place: a reader never sees half a file, and a temporary left by a kill never blocks the next write;
 - a saved config is read as data: YAML aliases are refused (a few hundred bytes of them expand exponentially), and
   an interpolation (`${oc.env:HOME}`) is refused rather than resolved.
-Libraries that open their own files (Lightning, W&B, TensorBoard, matplotlib, tokenizers) are handed a folder this
-module has just created and checked (`folder`), or bytes.
+Libraries that open their own files (W&B, TensorBoard) are handed a folder this module has just created and checked
+(`make_dirs`); the others (torch, matplotlib, tokenizers) hand it bytes.
 
 Every refusal is a `FolderError`: one line naming the path and the fix."""
 import errno
-import io
 import json
 import os
 import stat
@@ -227,9 +226,6 @@ def make_dirs(root: Path, path: Path | str = ".") -> Path:
     return current
 
 
-folder = make_dirs  # for a library that writes files of its own: a checked folder
-
-
 def write_bytes(root: Path, path: Path | str, data: bytes | memoryview, durable: bool = False) -> Path:
     """Writes `data` to `root / path` atomically: a new temporary beside it, then a rename over it. A link or
     special file standing there, or on the way, is refused, never followed."""
@@ -258,10 +254,6 @@ def write_text(root: Path, path: Path | str, text: str) -> Path:
 def write_json(root: Path, path: Path | str, value, indent: int | None = 2) -> Path:
     """JSON without NaN or Infinity (a ValueError: convert them to null first)."""
     return write_text(root, path, json.dumps(value, indent=indent, allow_nan=False) + "\n")
-
-
-def write_yaml(root: Path, path: Path | str, value) -> Path:
-    return write_text(root, path, yaml.safe_dump(value, sort_keys=False, allow_unicode=True))
 
 
 def remove(root: Path, path: Path | str) -> None:
@@ -348,14 +340,3 @@ def inside(root: Path, recorded: str, want: str = "file") -> Path | None:
         return check(root, recorded, want)
     except FolderError:
         return None
-
-
-def open_for_library(root: Path, path: Path | str, mode: str = "w", newline: str | None = None) -> io.TextIOWrapper:
-    """A text file object for a library that writes to one (csv): created new through O_EXCL | O_NOFOLLOW after the
-    old file is removed, so a planted link is replaced, never followed."""
-    full = check(root, path, "file")
-    make_dirs(root, relative(root, path).parent)
-    full.unlink(missing_ok=True)
-    fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    return open(fd, mode, newline=newline, encoding="utf-8")  # noqa: SIM115  the caller closes it
-
