@@ -380,9 +380,10 @@ def test_cached_decoding_with_rotary_equals_recomputation(kind, group):
 @pytest.mark.parametrize("activation", ["silu", "none"])
 def test_deltanet_layer_equals_the_delta_rule_on_activated_unit_keys(activation):
     """The whole layer against the oracle: q, k, v from its projection; SiLU on q and k (flash-linear-attention
-    0.3's DeltaNet layer default, `qk_activation="silu"`, fla/layers/delta_net.py) or none, then the L2 norm; beta =
+    0.3's DeltaNet layer default, `qk_activation="silu"`, fla/layers/delta_net.py) or none, then the L2 norm; SiLU
+    on v (attn.v_activation, as that layer) or none; beta =
     sigmoid(x W_beta); the paper's delta rule per head (delta_oracle); each head RMS-normalized; out_proj."""
-    layer = ATTENTION_KINDS["deltanet"](16, 2, chunk=4, qk_activation=activation).double()
+    layer = ATTENTION_KINDS["deltanet"](16, 2, chunk=4, qk_activation=activation, v_activation=activation).double()
     torch.manual_seed(0)
     for p in layer.parameters():
         p.data = torch.randn_like(p) * 0.3
@@ -394,7 +395,7 @@ def test_deltanet_layer_equals_the_delta_rule_on_activated_unit_keys(activation)
     for h in range(2):
         cut = slice(8 * h, 8 * h + 8)
         qh, kh = F.normalize(act(q[0, :, cut]), dim=-1), F.normalize(act(k[0, :, cut]), dim=-1)
-        heads.append(layer.out_norm(delta_oracle(qh, kh, v[0, :, cut], beta[:, h])))
+        heads.append(layer.out_norm(delta_oracle(qh, kh, act(v[0, :, cut]), beta[:, h])))
     expected = layer.out_proj(torch.cat(heads, dim=-1))[None]
     from blocklab.model.position import NoPE
 
@@ -402,12 +403,17 @@ def test_deltanet_layer_equals_the_delta_rule_on_activated_unit_keys(activation)
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("kind, missing, old", [("gla", {}, {"rotary": True}),
-                                                ("deltanet", {}, {"rotary": True, "qk_activation": "none"})])
-def test_a_run_saved_before_the_options_reads_as_it_trained(kind, missing, old):
-    assert ATTENTION_KINDS[kind].old_run_options(missing) == old
-    assert ATTENTION_KINDS[kind].old_run_options({"rotary": False, "qk_activation": "silu"}) == \
-        {"rotary": False, "qk_activation": "silu"}
+@pytest.mark.parametrize("kind, saved, old", [
+    ("gla", {}, {"rotary": True}),
+    ("gla", {"rotary": False}, {"rotary": False}),
+    ("deltanet", {}, {"rotary": True, "qk_activation": "none", "v_activation": "none"}),
+    # saved after attn.rotary and attn.qk_activation, before attn.v_activation: no SiLU on v
+    ("deltanet", {"rotary": False, "qk_activation": "silu"},
+     {"rotary": False, "qk_activation": "silu", "v_activation": "none"}),
+    ("deltanet", {"rotary": False, "qk_activation": "silu", "v_activation": "silu"},
+     {"rotary": False, "qk_activation": "silu", "v_activation": "silu"})])
+def test_a_run_saved_before_the_options_reads_as_it_trained(kind, saved, old):
+    assert ATTENTION_KINDS[kind].old_run_options(saved) == old
 
 
 def test_based_mixes_its_paths_by_a_learned_weight_per_head():
