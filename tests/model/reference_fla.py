@@ -8,6 +8,8 @@ machine), so they are copied here, not imported:
   - `naive_recurrent_gla`        from fla/ops/gla/naive.py
   - `delta_rule_recurrence`      from fla/ops/delta_rule/naive.py
   - `naive_parallel_based`       from fla/ops/based/naive.py
+  - `naive_recurrent_linear_attn` from fla/ops/linear_attn/naive.py, with `normalize_output` (fla/ops/linear_attn/utils.py)
+  - `elu_p1`                     from fla/layers/delta_net.py (Katharopoulos et al.'s feature map elu(x) + 1)
   - `TaylorFeatureMap` and `flatten_diag_outer_product_off1` from fla/modules/feature_map.py
 Zoology (https://github.com/HazyResearch/zoology, commit d88d6f5474f36998d82d5c3bd58a190248d0a669, Apache License 2.0;
 not on PyPI):
@@ -18,9 +20,10 @@ The only edits, each marked `# edit:`: fla's functions cast their inputs to floa
 input's dtype, so the comparison runs in float64. fla's `@checkpoint` (activation checkpointing, no numerical
 effect) and unused imports (einops, opt_einsum) are dropped. Everything else is as published."""
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -110,6 +113,48 @@ def naive_parallel_based(
         return o / (z[..., None] + 1e-6)
     else:
         return o
+
+
+# ---------------------------------------------------------- fla/ops/linear_attn/naive.py (fla-core 0.3.2)
+
+# fla/ops/linear_attn/utils.py; edit: @torch.jit.script dropped. Unused by the tests: on fla 0.3's (B, T, H, K) layout
+# its cumsum(-2) runs over the heads, not the tokens (fla-org/flash-linear-attention PR #594, issue #850), so the tests
+# take the numerator and the denominator from normalize=False (with v, and with ones).
+def normalize_output(q, k, o):
+    k = k.cumsum(-2)
+    z = (q * k).sum(-1, keepdim=True)
+    return o / (z + 1e-10)
+
+
+def naive_recurrent_linear_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    scale: Optional[float] = None,
+    normalize: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    dtype = q.dtype
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    B, T, H, K, V = *q.shape, v.shape[-1]
+    # edit: was q, k, v = map(lambda x: x.to(torch.float32), (q, k, v))
+    o = torch.empty_like(v)
+
+    S = torch.zeros((B, H, K, V), device=q.device, dtype=q.dtype)  # edit: was dtype=torch.float32
+    if initial_state is not None:
+        S = S + initial_state
+    for t in range(T):
+        S = S + torch.einsum('b h k, b h v -> b h k v', k[:, t], v[:, t])
+        o[:, t] = torch.einsum('b h k v, b h k -> b h v', S, q[:, t] * scale)
+    if normalize:
+        o = normalize_output(q * scale, k, o)
+    return o.to(dtype), S if output_final_state else None
+
+
+def elu_p1(x):  # fla/layers/delta_net.py
+    return (F.elu(x, 1., False) + 1.).to(x)
 
 
 # ------------------------------------------------------------- fla/modules/feature_map.py (fla-core 0.3.2)

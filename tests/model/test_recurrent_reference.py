@@ -14,7 +14,10 @@ Conventions, where ours differs from flash-linear-attention's on purpose (each a
     fla's `TaylorFeatureMap` and Zoology's `TaylorExp` give it. (fla's `BasedLinearAttention` in its default
     'parallel' mode passes scale=1, unlike its own chunk modes and Zoology; we follow the paper and Zoology.)
     `naive_parallel_based` adds 1e-6 to its denominator: the exact comparison takes its numerator and denominator
-    apart (use_norm=False, with v and with ones); Zoology adds 1e-12, below float64 tolerance here."""
+    apart (use_norm=False, with v and with ones); Zoology adds 1e-12, below float64 tolerance here.
+  - linear (Katharopoulos et al. 2020): fla's naive_recurrent_linear_attn on elu(x) + 1 features, numerator and
+    denominator apart (normalize=False, with v and with ones): fla 0.3.2's normalize_output sums over the wrong axis
+    (reference_fla.py). The scale cancels in the ratio; ours has none."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,8 +30,8 @@ from blocklab.model.linear_attention import KernelAttention
 from blocklab.model.mask import AttentionContext
 from blocklab.model.position import NoPE
 from blocklab.model.recurrent import FixedState
-from reference_fla import (TaylorExp, TaylorFeatureMap, delta_rule_recurrence, naive_parallel_based,
-                           naive_recurrent_gla, zoology_based_linear)
+from reference_fla import (TaylorExp, TaylorFeatureMap, delta_rule_recurrence, elu_p1, naive_parallel_based,
+                           naive_recurrent_gla, naive_recurrent_linear_attn, zoology_based_linear)
 
 B, H_KV, G, D = 2, 2, 2, 8  # 4 query heads over 2 K/V heads
 LENGTHS = [1, 5, 13]  # with chunk 4: shorter than, and not multiples of, the chunk
@@ -231,3 +234,24 @@ def test_based_taylor_path_equals_fla_naive_parallel_based_and_zoology(length):
         zoology = TaylorExp(layer.feature_dim)
         torch.testing.assert_close(got, zoology_based_linear(zoology(fq), zoology(fk), per_query_head(v)),
                                    rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------- linear
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_linear_attention_equals_fla_naive_recurrent_linear_attn(length):
+    """attn.kind=linear, parallel (chunked prefix sums) and recurrent (a running state) forms: phi = elu_p1 on q and
+    k, y = sum phi(q).phi(k) v / sum phi(q).phi(k) over the keys so far, from fla's unnormalized recurrence."""
+    layer = ATTENTION_KINDS["linear"](4 * D, 4, 2, chunk=CHUNK).double()
+    q, k, v = draw(B, H_KV * G, length, D, seed=1), draw(B, H_KV, length, D, seed=2), draw(B, H_KV, length, D, seed=3)
+    with torch.no_grad():
+        out = layer.attend(q, k, v, context(length), None)
+        state, steps = layer.new_state(), []
+        for t in range(length):
+            steps.append(layer.attend(q[..., t:t + 1, :], k[..., t:t + 1, :], v[..., t:t + 1, :], context(1, t), state))
+    fq, fk, fv = (t.transpose(1, 2) for t in (elu_p1(q), per_query_head(elu_p1(k)), per_query_head(v)))
+    numerator, _ = naive_recurrent_linear_attn(fq, fk, fv, scale=1.0)
+    denominator, _ = naive_recurrent_linear_attn(fq, fk, torch.ones_like(fv[..., :1]), scale=1.0)
+    expected = (numerator / denominator).transpose(1, 2)
+    torch.testing.assert_close(out, expected, **TOL)
+    torch.testing.assert_close(torch.cat(steps, dim=-2), expected, **TOL)
