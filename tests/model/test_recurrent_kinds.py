@@ -263,6 +263,8 @@ def cfg_errors(kind, causal=True, arch="decoder", pos="rope", **fields):
     ("gla", dict(gate_rank=0), "attn.gate_rank=0 must be a positive integer"),
     ("gla", dict(gate_temperature=-1.0), "attn.gate_temperature=-1.0 must be a number > 0"),
     ("deltanet", dict(scale=0.5), "attn.scale and attn.scale_factor do not apply to attn.kind=deltanet"),
+    ("deltanet", dict(qk_activation="relu"), "attn.qk_activation='relu' must be one of ['none', 'silu']"),
+    ("deltanet", dict(v_activation="gelu"), "attn.v_activation='gelu' must be one of ['none', 'silu']"),
     ("based", dict(window_size=0), "attn.window_size=0 must be a positive integer"),
     ("based", dict(feature_dim=0), "attn.feature_dim=0 must be a positive integer"),
 ])
@@ -356,6 +358,15 @@ def test_gla_and_deltanet_take_no_positions_unless_asked(kind):
                            (("none", {}), ("rope", {}), ("rope", {"rotary": True})))
     torch.testing.assert_close(rope, plain, rtol=0, atol=0)
     assert (rotary - plain).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("activation", ["silu", "none"])
+def test_the_configured_v_activation_reaches_the_layer(activation):
+    """attn.v_activation from the config to the model (the layer test above checks what each computes); the default
+    is SiLU, as flash-linear-attention's DeltaNet layer."""
+    layer = make_model("deltanet", "none", v_activation=activation).blocks[0].attn
+    assert layer.v_activation == activation
+    assert make_model("deltanet", "none").blocks[0].attn.v_activation == "silu"
 
 
 @pytest.mark.parametrize("kind, pos, options, applied", [
