@@ -29,6 +29,12 @@ LENGTHS = [7, 100, 300]  # not multiples of fla's chunk (64); one token is check
 B, H = 2, 3
 
 
+@pytest.fixture(autouse=True)
+def ieee_float32(monkeypatch):
+    """Triton's float32 dots in full precision, not TF32, as fla's own tests run them (TRITON_F32_DEFAULT)."""
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "ieee")
+
+
 def err_ratio(ours, theirs) -> float:
     """fla.utils.get_err_ratio: RMS(theirs - ours) / RMS(ours), ours the float64 reference."""
     theirs = theirs.detach().cpu().double()
