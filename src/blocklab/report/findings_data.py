@@ -41,7 +41,14 @@ def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) ->
     record.update({f: _plain(results.get(f)) for f in JOB_FIELDS})
     record["eval"] = [{f: _plain(e.get(f)) for f in EVAL_FIELDS} for e in results.get("eval") or []]
     record["metrics"] = {m: _plain(_value(row, m)) for m in metrics}
+    record["claims"] = _plain(row.get("claims"))  # the fingerprint of the claims the run was measured under
     return record
+
+
+def records(study: dict, members: list[dict], metrics: list[str]) -> list[dict]:
+    """The job lines of a study's runs (collect's rows), as the page reads them."""
+    keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
+    return [job_record(r, _results(r["run"]), keys, metrics) for r in members]
 
 
 def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
