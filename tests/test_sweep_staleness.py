@@ -55,7 +55,8 @@ def test_a_study_key_a_trained_key_interpolates_still_refuses_through_that_key(t
     with pytest.raises(ConfigError) as refused:
         check_sweep_jobs(job)
     message = str(refused.value)
-    assert message.startswith(f"{run_dir} was trained with another config than this launch asks of it (attn.window: 8 -> 4),")
+    assert message.startswith(f"{run_dir} was trained with another config than this launch asks of it "
+                              "(attn.window: 8 -> 4),")
     assert "study.window" not in message
 
 

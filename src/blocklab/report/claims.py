@@ -40,6 +40,6 @@ def claims_line(meta: dict, jobs: list[dict]) -> str | None:
     seen = claims_changed(meta, jobs)
     if not seen["changed"]:
         return None
+    before = ", ".join(k for k in seen["measured"] if k != seen["now"])
     return (f"The claims below were edited after the data was measured: {seen['changed']} of {len(jobs)} runs "
-            f"were measured under other claims (fingerprint {', '.join(k for k in seen['measured'] if k != seen['now'])}"
-            f"; now {seen['now']}).")
+            f"were measured under other claims (fingerprint {before}; now {seen['now']}).")

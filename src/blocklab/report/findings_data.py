@@ -86,7 +86,29 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
             "train_time_s": round(sum(r.get("train_time_s") or 0.0 for r in results), 1),
             "commit": ", ".join(commits) if commits else source_commit(),
             "commit_recorded": bool(commits),
-            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
+            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__,
+            **_decided(rows), **(extra or {})}
+
+
+DECIDE_FILE = "decide.json"  # python -m blocklab.decide's record, in the sweep folder
+DECIDE_KEYS = ("design", "alpha", "seeds", "seeds_run", "claims_hash", "command", "claims")
+
+
+def _decided(rows: list[dict]) -> dict:
+    """{"decide": the sweep folder's decide.json (its keys a page reads)} where there is one, else {}."""
+    parents = {str(Path(r["run"]).parent) for r in rows if r.get("run")}
+    if len(parents) != 1:
+        return {}
+    sweep = Path(parents.pop())
+    if not folder.exists(sweep, DECIDE_FILE):
+        return {}
+    try:
+        record = folder.read_json(sweep, DECIDE_FILE)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, RecursionError) as err:
+        raise UnreadableRun(sweep / DECIDE_FILE, f"{type(err).__name__}: {err}") from None
+    return {"decide": {k: record.get(k) for k in DECIDE_KEYS}} if isinstance(record, dict) else {}
 
 
 def _results(run: str) -> dict:
