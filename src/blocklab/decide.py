@@ -105,8 +105,12 @@ class Sweep:
         self.overrides = overrides
         # The claims and the seeds are decide's inputs, not the jobs': passed on, they would name every job's folder
         self.passed = [o for o in overrides if not override_key(o).startswith(DECIDES)]
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(overrides)  # a swept setting (k=1,4) names no study
+        single = [o for o, p in zip(overrides, parsed) if not p.is_sweep_override()]
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
-            config = compose("config", [*overrides, "run_dir=unused"], return_hydra_config=True)
+            config = compose("config", [*single, "run_dir=unused"], return_hydra_config=True)
         study = config.get("study")
         if not study or not study.get("name"):
             raise ConfigError("decide needs a sweep file's study (sweep=NAME): python -m blocklab.decide sweep=NAME")
