@@ -188,6 +188,9 @@ def table(record: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv in (["--help"], ["-h"]):
+        print(__doc__)
+        return
     if not argv or any(a.startswith("-") for a in argv):
         exit_on("usage: python -m blocklab.decide sweep=NAME [overrides]: Hydra overrides only, as the sweep's own "
                 "launch takes them (no -m)")
