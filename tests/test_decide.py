@@ -118,6 +118,13 @@ def test_a_difference_inside_min_effect_stops_as_one_that_does_not_matter():
     assert claim["outcome"] == "no difference that matters" and claim["pairs"] < 10
     low, high = claim["interval"]
     assert -0.5 <= low and high <= 0.5
+    decided = decide(_claims(1, min_effect=0.5), 3, 10, *_runner(Fake([0.1], np.random.default_rng(0), sd=0.001)))
+    claim = decided["claims"][0]  # decided, by 0.1: less than matters, as the page's own rule words it
+    assert claim["state"] == "rejected" and claim["outcome"] == "no difference that matters"
+
+
+def _runner(fake):
+    return fake.run, fake.observe
 
 
 def test_a_claim_that_cannot_be_tested_stops_and_counts_in_holm():

@@ -50,6 +50,9 @@ def outcome(claim: dict, state: sequential.Claim) -> str:
     """The claim's outcome, in the page's words."""
     if state.state != "rejected":
         return OUTCOME.get(state.state, state.state)
+    low, high = state.interval
+    if state.min_effect is not None and -state.min_effect <= low and high <= state.min_effect:
+        return OUTCOME["trivial"]  # decided, but by less than matters (as the page's fixed-sample rule says it)
     from blocklab.report.judge import higher_is_better
 
     return "yes" if (state.paired.mean > 0) == higher_is_better(claim.get("metric", "")) else "no"

@@ -36,7 +36,8 @@ ALPHA = 0.05
 GRID = 801  # Simpson points per look (odd): crossing probabilities to about 1e-7
 CALIBRATION = 100_000  # simulated sequences: the calibrated rate's standard error is about 0.0007 at 0.05
 DESIGN = ("group-sequential paired t-test with O'Brien-Fleming-type alpha spending (Lan & DeMets 1983) over "
-          "information fraction n / max seeds, Holm's step-down over the claims (Ye et al. 2013)")
+          "information fraction n / max seeds, its boundaries calibrated to the t-test by simulation, and Holm's "
+          "step-down over the claims (Ye et al. 2013)")
 
 
 def spent(t: float, alpha: float = ALPHA) -> float:
