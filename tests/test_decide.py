@@ -220,3 +220,14 @@ def test_the_command_reads_the_study_through_swept_overrides_and_passes_no_claim
         main(["sweep=causal_mask", "hydra.sweep.dir=/nonexistent/never"])
     err = capsys.readouterr().err
     assert refused.value.code == 2 and len(err.strip().splitlines()) == 1 and "declares no study.seeds" in err
+
+
+def test_a_rounds_settings_launch_as_few_sweeps_as_give_exactly_them():
+    from blocklab.decide import launches
+
+    assert launches({("model.n_heads=1", "task=lm"), ("model.n_heads=4", "task=lm")}) == [
+        ["model.n_heads=1,4", "task=lm"]]
+    assert launches({("model.n_heads=1", "task=lm"), ("model.n_heads=4", "task=copy")}) == [
+        ["model.n_heads=1", "task=lm"], ["model.n_heads=4", "task=copy"]]  # not a grid: 1/copy was not asked for
+    assert launches({("a=1", "b=x"), ("a=2", "b=x"), ("a=1", "b=y"), ("a=2", "b=y"), ("c=[1,2]",)}) == [
+        ["a=1,2", "b=x,y"], ["c=[1,2]"]]

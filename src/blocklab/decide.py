@@ -161,14 +161,32 @@ class Sweep:
             for _, runs in sides(meta, jobs, self.claims[i]):
                 settings |= {tuple(sorted(o for o in j.get("overrides") or [] if override_key(o) != "seed"))
                              for j in runs}
-        for setting in sorted(settings):
-            self.launch(list(setting), seeds)
+        for launch in launches(settings):
+            self.launch(launch, seeds)
 
     def observe(self, limit: int) -> list:
         from blocklab.report.judge import differences
 
         meta, jobs = {"study": self.study}, self.jobs(limit)
         return [differences(meta, jobs, c) for c in self.claims]
+
+
+def launches(settings: set[tuple[str, ...]]) -> list[list[str]]:
+    """The settings (each its job's overrides but the seed) as few sweep launches as give exactly them: settings
+    setting the same keys whose values form a full grid are one launch (`k=1,4`), so its jobs run side by side;
+    any other setting, or a value Hydra's sweep syntax would read otherwise, is a launch of its own."""
+    by_keys: dict[tuple, list[tuple[str, ...]]] = {}
+    for setting in sorted(settings):
+        by_keys.setdefault(tuple(o.partition("=")[0] for o in setting), []).append(setting)
+    out = []
+    for keys, group in by_keys.items():
+        values = [sorted({s[i].partition("=")[2] for s in group}) for i in range(len(keys))]
+        plain = all(v and not set(v) & set(",[](){}'\"\\ ") for column in values for v in column)
+        if plain and len(keys) == len(set(keys)) and math.prod(map(len, values)) == len(group):
+            out.append([f"{k}={','.join(v)}" for k, v in zip(keys, values)])
+        else:
+            out += [list(s) for s in group]
+    return out
 
 
 def table(record: dict) -> str:
