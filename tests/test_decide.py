@@ -201,6 +201,7 @@ def test_a_page_shows_the_sequential_decision_and_names_its_design():
     assert verdict.outcome == {"rejected": "yes", "max": "nd"}[c["state"]]
     assert "Decided by the group-sequential design" in verdict.sentence and "(sequential)" in verdict.row[5]
     assert f"{c['pairs']} seeds" in verdict.sentence and "repeated" in verdict.sentence
+    assert "last look's nominal level" in verdict.floor  # the page keeps its noise floor
     assert "O'Brien-Fleming" in rule({**meta, "decide": record}) and rule(meta) is None
     other = {**record, "claims_hash": claims_hash({**claim, "claim": "B beats A"})}
     assert judge_page({**meta, "decide": other}, jobs)[0].sentence == fixed.sentence

@@ -292,11 +292,18 @@ def _sequential(t: _Pairs, c: dict, number: int) -> Verdict:
                            f"claim's min_effect){w['why']}.",
                 "nd": f"{w['claim']}? Not distinguishable at {c['pairs']} seeds, the most study.seeds allows: {said}; "
                       f"{w['paper']} saw it at {w['scale']}{w['why']}."}[outcome]
+    sd = c.get("sd") if isinstance(c.get("sd"), (int, float)) else None
+    mde = stats.detectable(sd, c["pairs"], level) if sd is not None and level > 0 else None
     row = [str(number), f"{w['a']} − {w['b']}", w["metric"], str(c["pairs"]),
            f"{stats.signed(mean)} [{stats.fmt(low, mean)}, {stats.fmt(high, mean)}]",
            f"{stats.confidence(level)} (sequential)", stats.fmt_p(c["p"]), "– (sequential)", "–", stats.fmt(t.sd_b),
-           "–", OUTCOMES[outcome]]
-    return Verdict(outcome, sentence + " Decided by the group-sequential design (python -m blocklab.decide).", row)
+           stats.fmt(mde, sd or None), OUTCOMES[outcome]]
+    floor = (f"{w['b']}'s seed sd on {w['metric']} is {stats.fmt(t.sd_b)}; with {c['pairs']} seeds paired, the smallest "
+             f"difference a paired t-test at the last look's nominal level (α = {level:.3g}) detects with "
+             f"{stats.POWER:.0%} power is {stats.fmt(mde, sd or None)} ((t_(1−α/2, n−1) + t_(0.8, n−1)) · sd / √n, from "
+             f"the observed sd of the per-seed differences, {stats.fmt(sd)})") if mde is not None else None
+    return Verdict(outcome, sentence + " Decided by the group-sequential design (python -m blocklab.decide).", row,
+                   floor)
 
 
 def _from_decide(record: dict | None, number: int, claim) -> dict | None:
