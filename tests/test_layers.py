@@ -26,8 +26,9 @@ LAYERS = {
     "blocklab.train": 4,
     # 5: what reads runs and sweeps, or times them.
     "blocklab.report": 5, "blocklab.bench": 5, "blocklab.analyze": 5, "blocklab.generate": 5,
-    # 6: the entry points: the Hydra app (and `python -m blocklab.train`, which starts it) and the Python API.
-    "blocklab.cli": 6, "blocklab.train.__main__": 6, "blocklab.api": 6,
+    # 6: the entry points: the Hydra app (and `python -m blocklab.train`, which starts it), the Python API, and
+    # `python -m blocklab.decide` (it launches sweeps and judges them).
+    "blocklab.cli": 6, "blocklab.train.__main__": 6, "blocklab.api": 6, "blocklab.decide": 6,
 }
 
 

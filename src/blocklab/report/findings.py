@@ -37,7 +37,9 @@ from blocklab.report.collect import RUNNING
 from blocklab.report.common import name as setting_name, order
 from blocklab.report.findings_data import (FORMAT, _planned, _results, job_record, meta_record,  # noqa: F401
                                            read_jsonl, studies_error, study_error)
-from blocklab.report.judge import KEPT, OUTCOMES, also, judge, judge_page, learned  # noqa: F401 (judge, also: the API)
+from blocklab.report.claims import claims_line
+from blocklab.report.judge import (KEPT, OUTCOMES, also, judge, judge_page, learned,  # noqa: F401 (judge, also: the API)
+                                   rule)
 from blocklab.report.judge import groups_of as _groups, keys_of as _keys, metric_of as _metric
 from blocklab.report.page_tables import _against_baseline, _table, _tuned_table, at_best, tuned, verdict_metric
 from blocklab.report.recall import FRACTION
@@ -172,7 +174,7 @@ def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[d
         outcome=OUTCOMES[verdicts[0].outcome], figure=figure, failed=failed, diverged=diverged, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
         seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
-        not_run=meta.get("not_run") or [], scales=list(scales))
+        not_run=meta.get("not_run") or [], scales=list(scales), rule=rule(meta), claims_edited=claims_line(meta, jobs))
 
 
 def sweep_study(name: str) -> dict:

@@ -41,7 +41,14 @@ def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) ->
     record.update({f: _plain(results.get(f)) for f in JOB_FIELDS})
     record["eval"] = [{f: _plain(e.get(f)) for f in EVAL_FIELDS} for e in results.get("eval") or []]
     record["metrics"] = {m: _plain(_value(row, m)) for m in metrics}
+    record["claims"] = _plain(row.get("claims"))  # the fingerprint of the claims the run was measured under
     return record
+
+
+def records(study: dict, members: list[dict], metrics: list[str]) -> list[dict]:
+    """The job lines of a study's runs (collect's rows), as the page reads them."""
+    keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
+    return [job_record(r, _results(r["run"]), keys, metrics) for r in members]
 
 
 def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
@@ -79,7 +86,29 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
             "train_time_s": round(sum(r.get("train_time_s") or 0.0 for r in results), 1),
             "commit": ", ".join(commits) if commits else source_commit(),
             "commit_recorded": bool(commits),
-            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
+            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__,
+            **_decided(rows), **(extra or {})}
+
+
+DECIDE_FILE = "decide.json"  # python -m blocklab.decide's record, in the sweep folder
+DECIDE_KEYS = ("design", "alpha", "seeds", "seeds_run", "claims_hash", "command", "claims")
+
+
+def _decided(rows: list[dict]) -> dict:
+    """{"decide": the sweep folder's decide.json (its keys a page reads)} where there is one, else {}."""
+    parents = {str(Path(r["run"]).parent) for r in rows if r.get("run")}
+    if len(parents) != 1:
+        return {}
+    sweep = Path(parents.pop())
+    if not folder.exists(sweep, DECIDE_FILE):
+        return {}
+    try:
+        record = folder.read_json(sweep, DECIDE_FILE)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, RecursionError) as err:
+        raise UnreadableRun(sweep / DECIDE_FILE, f"{type(err).__name__}: {err}") from None
+    return {"decide": {k: record.get(k) for k in DECIDE_KEYS}} if isinstance(record, dict) else {}
 
 
 def _results(run: str) -> dict:
