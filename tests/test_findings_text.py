@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from blocklab.report import findings_index, page_text
+from blocklab.report import findings_index, learned, page_text
 from blocklab.report.judge import AGREES, judge
+from blocklab.tasks.references import Level
 
 ROOT = Path(__file__).resolve().parents[1]
 COPY = {"learned": [{"name": "learned", "metric": "exact_match", "value": 0.9}],
@@ -85,8 +86,8 @@ def test_the_answer_names_the_best_and_every_setting_not_distinguishable_from_it
     jobs = _jobs("exact_match_in", values, {"a": 0.95, "b": 0.95, "c": 0.1})
     meta = _meta("exact_match_in")
     text = page_text.answer_text(meta, jobs)
-    assert text.startswith("The highest exact_match_in is pos=a's, 0.910; not distinguishable from it (paired by "
-                           "seed, Holm over 2 comparisons): pos=b (0.907).")
+    assert text.startswith("The highest exact_match_in is pos=a's, 0.910; not distinguishable from it at 3 seeds "
+                           "(paired by seed, Holm over 2 comparisons): pos=b (0.907).")
     assert "pos=c" not in text
     assert page_text.short_answer(meta, jobs, 140) == "exact_match_in: a best (0.910), tied: b"
     line, rows = page_text.banner(meta, page_text.groups_of(meta, jobs))
@@ -132,3 +133,12 @@ def test_scale_pages_fold_into_their_sweep_s_row(tmp_path):
     rows = [r for r in findings_index.index_rows(tmp_path) if r["name"].startswith("zz_base")]
     assert len(rows) == 1 and rows[0]["others"] == [("4x", "zz_base-scale4")]
     assert rows[0]["answer"].startswith("at 1x: ") and rows[0]["agrees"] == "yes"
+
+
+def test_a_figure_finds_the_reference_levels_of_its_metric():
+    jobs = _jobs("final_val_loss", {"a": [2.0], "b": [2.6]}, {"a": 2.0, "b": 2.6}, LM)
+    assert learned.reference_lines(jobs, "final_val_loss") == [Level("bigram", "loss", 2.5), Level("unigram", "loss", 3.3)]
+    assert learned.reference_lines(jobs, "loss_out") == learned.reference_lines(jobs, "final_val_loss")
+    copy = _jobs("exact_match_in", {"a": [0.9]}, {"a": 0.9})
+    assert learned.reference_lines(copy, "exact_match_out") == [Level("learned", "exact_match", 0.9)]
+    assert learned.reference_lines(copy, "tokens_per_s") == []

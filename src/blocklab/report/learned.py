@@ -17,6 +17,8 @@ from blocklab.report import stats
 from blocklab.tasks.references import LEARNED_EXACT_MATCH, Level
 
 FALLBACK = (Level("learned", "exact_match", LEARNED_EXACT_MATCH),)
+# A page's metric -> the eval-row metric its task's levels are stated in
+ROW_METRIC = {"final_val_loss": "loss", "final_train_loss": "loss"}
 WORDS = {"exact_match": "in-distribution exact match", "loss": "validation loss", "token_acc": "token accuracy",
          "next_sentence_acc": "next-sentence accuracy"}
 
@@ -32,6 +34,24 @@ def in_distribution(job: dict, metric: str):
     if metric == "loss":
         return job.get("final_val_loss")
     return (job.get("metrics") or {}).get(f"{metric}_in")
+
+
+def row_metric(metric: str) -> str:
+    """The eval-row metric a page's metric is measured in: final_val_loss, loss_out -> loss; exact_match_in ->
+    exact_match; token_acc_out -> token_acc."""
+    return ROW_METRIC.get(metric) or metric.removesuffix("_in").removesuffix("_out")
+
+
+def reference_lines(jobs: list[dict], metric: str) -> list[Level]:
+    """Every level the page's runs' tasks state on `metric` (bars and lines, each once, by value): what a figure of
+    that metric draws as horizontal lines."""
+    want, seen = row_metric(metric), {}
+    for j in jobs:
+        refs = j.get("references") if isinstance(j.get("references"), dict) else {}
+        for x in [*(refs.get("learned") or []), *(refs.get("lines") or [])]:
+            if isinstance(x, dict) and x.get("metric") == want and isinstance(x.get("value"), (int, float)):
+                seen.setdefault((x.get("name"), x["value"]), Level(str(x.get("name")), want, float(x["value"])))
+    return sorted(seen.values(), key=lambda x: x.value)
 
 
 def bars(job: dict) -> tuple[Level, ...]:

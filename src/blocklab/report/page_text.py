@@ -100,7 +100,8 @@ def answer_text(meta: dict, jobs: list[dict]) -> str:
             continue
         ties = a.ties[:NAMED] + ([f"and {len(a.ties) - NAMED} more"] if len(a.ties) > NAMED else [])
         said.append(f"{where} {way} {metric} is {a.best}'s, {stats.fmt(a.mean)}{learned_note}; "
-                    + (f"not distinguishable from it (paired by seed, Holm over {a.others} comparison{'s' if a.others != 1 else ''}): "
+                    + (f"not distinguishable from it at {a.seeds} seed{'s' if a.seeds != 1 else ''} (paired by seed, "
+                       f"Holm over {a.others} comparison{'s' if a.others != 1 else ''}): "
                        f"{'; '.join(ties)}." if a.ties else
                        ("the other setting is" if a.others == 1 else f"each of the other {a.others} settings is")
                        + " distinguishable from it (paired by seed, Holm)."))
