@@ -13,25 +13,34 @@ time) it counts as the worst value of that metric on the page, and the sentence 
 pair is named, left out of the test, and the claim marked. A diverged run stays in the groups (and so in the
 table and the figure): it is data. A metric that takes one value on every compared run cannot carry a verdict.
 
+Before any test, the learned gate (learned.py): a claim whose compared settings did not learn their task (on any
+metric: in-distribution, training loss, diverged, speed) is not testable, and its sentence says why first. A claim
+that one side cannot learn what the other does (`one_side_learns: true`) needs only the winning side to have
+learned; a claim about cost alone (`cost_only: true`) has no gate.
+
 A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
-why, and min_effect: the smallest difference that matters, in the metric's units (a positive number).
+why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns
+and cost_only.
 
 Outcomes: yes (decided, the claimed way), no (decided, the other way), not distinguishable (at N seeds, whatever
 the means say), no difference that matters (decided, but the interval lies inside the claim's ±min_effect), not
-testable (a constant metric), not at this scale (a setting compared beyond its training lengths never learned
-them), not measured."""
+testable (a compared setting did not learn, or a constant metric), not measured."""
 import math
 from dataclasses import dataclass
 
 from blocklab.report import stats
-from blocklab.report.build import _direction, beyond_training, learning
+from blocklab.report.build import _direction
 from blocklab.report.claims import claims_hash
 from blocklab.report.common import group, order
-from blocklab.results import LEARNED_THRESHOLD
+from blocklab.report.learned import gate, learned  # noqa: F401 (learned: the pages' API)
 
 KEPT = ("completed", "diverged")  # the runs a page shows: a diverged run is data, not a missing row
 OUTCOMES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "no difference that matters",
-            "const": "not testable", "scale": "not at this scale", "none": "not measured"}
+            "const": "not testable", "learn": "not testable", "none": "not measured"}
+# The index's "agrees" column: exactly these four words (a difference inside min_effect is not one that matters;
+# a claim not measured cannot be tested yet)
+AGREES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "not distinguishable",
+          "const": "not testable", "learn": "not testable", "none": "not testable"}
 
 
 # ---------------------------------------------------------------- the jsonl's runs, grouped
@@ -50,19 +59,18 @@ def metric_of(job: dict, metric: str):
     return job["metrics"].get(metric) if metric in job["metrics"] else job.get(metric)
 
 
-def learned(groups: dict[tuple, list[dict]]):
-    """The HTML report's rule (build.learning): a setting learned when its seeds' mean in-distribution exact match
-    reaches the threshold one run is held to."""
-    return learning({k: [{"exact_match_in": j.get("in_distribution_exact_match")} for j in members]
-                     for k, members in groups.items()})
-
-
 def _matches(job: dict, spec: dict) -> bool:
     return all(str(job["setting"].get(k, job["choices"].get(k))) == str(v) for k, v in spec.items())
 
 
 def spec_label(spec) -> str:
     return ", ".join(f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in spec.items()) if isinstance(spec, dict) else ""
+
+
+def _settings(groups, spec) -> list[list[dict]]:
+    """The runs of each setting that matches `spec`, one list per setting."""
+    spec = spec if isinstance(spec, dict) else {}
+    return [m for m in ([j for j in members if _matches(j, spec)] for members in groups.values()) if spec and m]
 
 
 def select(groups, spec) -> tuple[str, list[dict]]:
@@ -165,10 +173,15 @@ def _pair(meta: dict, jobs: list[dict], claim: dict, words: dict, a: list[dict],
 
 def sides(meta: dict, jobs: list[dict], claim: dict) -> tuple[tuple[str, list[dict]], tuple[str, list[dict]]]:
     """The claim's two sides within its `where`: (label, runs) of `better`, then of `than`."""
+    groups = _within(meta, jobs, claim)
+    return select(groups, claim.get("better")), select(groups, claim.get("than"))
+
+
+def _within(meta: dict, jobs: list[dict], claim: dict) -> dict:
+    """The page's settings (name -> runs) restricted to the claim's `where`, empty ones dropped."""
     where = claim.get("where") or {}
     groups = {k: [j for j in m if _matches(j, where)] for k, m in groups_of(meta, jobs).items()}
-    groups = {k: m for k, m in groups.items() if m}
-    return select(groups, claim.get("better")), select(groups, claim.get("than"))
+    return {k: m for k, m in groups.items() if m}
 
 
 def differences(meta: dict, jobs: list[dict], claim) -> list[float] | str:
@@ -194,16 +207,12 @@ def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:
              "why": f" ({claim['why']})" if claim.get("why") else ""}  # what the sweep found out about why
     if not a or not b:
         return Verdict("none", f"{words['claim']}: no completed or diverged run of {a_name if not a else b_name} here.")
-    if beyond_training(metric):
-        for label, members in ((a_name, a), (b_name, b)):
-            scores = stats.finite([j.get("in_distribution_exact_match") for j in members])
-            if scores and sum(scores) / len(scores) < LEARNED_THRESHOLD:
-                k = sum(x >= LEARNED_THRESHOLD for x in scores)
-                return Verdict("scale", (
-                    f"{words['claim']}: not testable at this scale, because {label} did not learn its training "
-                    f"lengths (in-distribution exact match {stats.fmt(sum(scores) / len(scores))}, {k} of "
-                    f"{len(scores)} seeds ≥ {LEARNED_THRESHOLD:g}); {words['paper']} saw it at {words['scale']}"
-                    f"{words['why']}."))
+    groups = _within(meta, jobs, claim)
+    compared = [(a_name, _settings(groups, claim.get("better"))), (b_name, _settings(groups, claim.get("than")))]
+    if why := gate(claim, compared, lambda j: metric_of(j, metric), _direction(metric)):
+        return Verdict("learn", f"Not testable: {why}. The claim, {words['claim']}, is not judged here"
+                                f"{'' if words['paper'] == 'the paper' else '; ' + words['paper'] + ' saw it at ' + words['scale']}"
+                                f"{words['why']}.")
     return _pair(meta, jobs, claim, words, a, b)
 
 

@@ -108,6 +108,8 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "costs": costs(lit.model, task),
         # MoE: each expert's share of the training assignments and the fraction dropped, per layer (null: no MoE).
         "moe": lit.routing,
+        # The task's chance levels and the bar at which it is learned (tasks/references.py), for the report.
+        "references": task.references().as_dict(),
     }
     # Whether the task was learned on the training lengths at all (null for a task without exact match):
     # below results.LEARNED_THRESHOLD the summary warns that the lengths beyond training say little.
