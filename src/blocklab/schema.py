@@ -231,7 +231,8 @@ SCHEMA: dict[str, Group] = {
         "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool()}),
     "norm": Group({"type": Text(), "placement": Text(),
                    "eps": Described(POSITIVE, "a positive number (it keeps the norm's division finite)"),
-                   "affine": Described(Bool(), "true or false (false: no learned gain and shift)")}),
+                   "affine": Described(Bool(), "true or false (false: no learned gain and shift)")},
+                  owner="the norm type (norm.type)"),
     # pos: the scheme's own options, and the settings every scheme shares (tasks/placement.py).
     "pos": Group({"name": Text(), "randomize": Bool(), "random_max": Nullable(POSITIVE_INT, "not set"),
                   "coupled": Bool(), "abacus": Bool(),

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
     # Pre-norm stacks leave the residual stream unnormalized, so the output gets one last norm.
-    norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias, cfg.norm.affine) \
+    norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias, cfg.norm.affine, **cfg.norm.options) \
         if PLACEMENTS[cfg.norm.placement].final_norm else None
     return nn.Identity() if norm is None else norm
 
