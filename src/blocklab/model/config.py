@@ -65,6 +65,7 @@ class AttnConfig:
     scale_factor: float = 1.0  # multiplies the scale: 0.5 with scale null is 1/(2 sqrt(d_head))
     qk_norm: bool = False
     short_conv: int = 0  # width of a depthwise causal convolution on q, k, v (model/short_conv.py); 0: none
+    softcap: float = 0.0  # > 0: softmax scores soft-capped to c tanh(s / c) (Attention.caps_scores); 0: none
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own keyword arguments
     pattern_options: dict[str, Any] = field(default_factory=dict)  # the pattern's own (stride, dilation...)
 
@@ -161,6 +162,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     residual: bool = True  # False removes the skip connections (rank-collapse ablation)
     ffn: bool = True  # False removes the FFN sublayers (rank-collapse ablation)
+    logit_softcap: float | None = None  # output logits soft-capped to (-c, c) as c tanh(z / c) (Gemma 2: 30)
     max_len: int = 512  # longest sequence the model must handle (sizes learned position tables)
     segments: int = 0  # set by the task: segment embeddings and a next-sentence head for sentence pairs (0: none)
     norm: NormConfig = field(default_factory=NormConfig)
@@ -331,6 +333,13 @@ class ModelConfig:
             fix = "attn.pattern=full" if self.attn.pattern is not None else "attn.window=null"
             errs.append(f"{chosen} needs a kind that honours sparse patterns ({', '.join(honouring)}); "
                         f"attn.kind={self.attn.kind} cannot: use {fix} or attn.kind={honouring[0]}")
+        if self.attn.softcap and not kind.caps_scores:
+            errs.append(f"attn.softcap={self.attn.softcap} needs a kind with softmax scores to cap "
+                        f"({', '.join(k for k in ATTENTION_KINDS if ATTENTION_KINDS[k].caps_scores)}); "
+                        f"attn.kind={self.attn.kind} has none: use attn.softcap=0")
+        elif self.attn.softcap and pattern.sparse:
+            errs.append(f"attn.softcap={self.attn.softcap} with attn.pattern={name}: soft-capping takes the explicit "
+                        f"path, which the sparse patterns' kernels skip; use attn.pattern=full or attn.softcap=0")
         if errs:
             return errs
         options = {**ATTENTION_PATTERNS.options(name), **self.attn.pattern_args}

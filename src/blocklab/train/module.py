@@ -133,7 +133,9 @@ class LitTransformer(L.LightningModule):
         return self.losses(batch, reduction, model)[0]
 
     def losses(self, batch, reduction: str = "mean", model=None) -> tuple:
-        """(token loss, next-sentence loss or None): a batch of sentence pairs (`is_next`) is also classified."""
+        """(token loss, next-sentence loss or None, z-loss or None): a batch of sentence pairs (`is_next`) is also
+        classified; under optim.z_loss = c > 0 the third is c * mean(log^2 Z) over the scored positions, Z the
+        softmax's normalizer (PaLM, Chowdhery et al. 2022, §5: c = 1e-4, to keep log Z near 0 for stability)."""
         pairs = "is_next" in batch
         target = batch["target"].flatten()
         read = scored_positions(target)  # None: the loss reads every position
@@ -149,14 +151,16 @@ class LitTransformer(L.LightningModule):
         # The loss over the scored positions only: the same value as cross-entropy over all of them with
         # ignore_index (its mean divides by the scored count; reduction="none" gives the scored ones' losses).
         loss = F.cross_entropy(logits, target, reduction=reduction)
-        return loss, (F.cross_entropy(sentence, batch["is_next"].long()) if pairs else None)
+        z_weight = self.optim.get("z_loss", 0.0)
+        z_loss = z_weight * torch.logsumexp(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).square().mean() if z_weight else None
+        return loss, (F.cross_entropy(sentence, batch["is_next"].long()) if pairs else None), z_loss
 
     def on_train_batch_start(self, batch, batch_idx):
         self._step_start = time.perf_counter()
         self._stepped = True
 
     def training_step(self, batch, batch_idx):
-        loss, sentence_loss = self.losses(batch, model=self._train_forward)
+        loss, sentence_loss, z_loss = self.losses(batch, model=self._train_forward)
         # Lightning hands metrics to the logger only every log_every_n_steps, and self.log costs a
         # noticeable part of a small step (`python -m blocklab.bench overhead` times what Lightning
         # adds); so log exactly when it would be written (and always a blown-up loss).
@@ -172,6 +176,10 @@ class LitTransformer(L.LightningModule):
             extra.append(sentence_loss)
         if self.routed:
             extra.append(self._aux_loss(log))
+        if z_loss is not None:
+            if log:
+                self.log("train/z_loss", z_loss)
+            extra.append(z_loss)
         if not extra:
             return loss
         return {"loss": loss + sum(extra), "task_loss": loss.detach()}
