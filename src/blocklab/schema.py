@@ -259,8 +259,9 @@ SCHEMA: dict[str, Group] = {
     "init": Group({"name": Text(), "std": POSITIVE}),
     "task": Group({"name": Text()}, owner="the task (task.name)"),
     "optim": Group({
-        "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0),
-        "z_loss": Described(Number(0), "a number >= 0 (the weight of log^2 Z in the loss; 0: none; PaLM 1e-4)")}),
+        "name": Text(), "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0),
+        "z_loss": Described(Number(0), "a number >= 0 (the weight of log^2 Z in the loss; 0: none; PaLM 1e-4)")},
+        owner="the optimizer (optim.name)"),
     "trainer": Group({
         "_target_": Choice(("lightning.pytorch.Trainer",)), "accelerator": Choice(("cpu", "gpu", "cuda", "mps", "auto")),
         "devices": Either(POSITIVE_INT, Choice(("auto",))), "num_nodes": POSITIVE_INT,

@@ -16,7 +16,7 @@ from blocklab.model.cache import DecodingCache, KVState, LayerState
 from blocklab.model.mask import AttentionContext
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.short_conv import ConvState, ShortConv
-from blocklab.registry import Registry
+from blocklab.registry import Registry, declare_ablation
 
 # The constructor arguments every kind gets from the model config; the rest are the kind's own options.
 COMMON_ARGS = ("d_model", "n_heads", "n_kv_heads", "scale", "qk_norm", "dropout", "bias")
@@ -208,6 +208,9 @@ class SoftmaxAttention(Attention):
             scores = scores + mask
         weights = scores.softmax(dim=-1)
         return F.dropout(weights, dropout) @ v, weights
+
+
+declare_ablation("attn.softcap", 50.0)  # Gemma 2's attn_logits_soft_cap
 
 
 def build_attention(cfg) -> Attention:
