@@ -22,6 +22,7 @@ LAYERS = {
     "blocklab.tasks": 2, "blocklab.analysis": 2,
     # 3: one experiment: its setup, its results.json contract, the command line's overrides.
     "blocklab.experiment": 3, "blocklab.results": 3, "blocklab.overrides": 3, "blocklab.modifications": 3,
+    "blocklab.optim": 3,
     # 4: training, a run and a sweep.
     "blocklab.train": 4,
     # 5: what reads runs and sweeps, or times them.
