@@ -228,7 +228,8 @@ SCHEMA: dict[str, Group] = {
     "model": Group({
         "arch": Text(), "d_model": POSITIVE_INT, "n_layers": POSITIVE_INT, "n_heads": POSITIVE_INT,
         "d_ff": Nullable(POSITIVE_INT, "4 * d_model"), "dropout": Number(0, 1), "bias": Bool(),
-        "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool()}),
+        "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool(), "value_residual": Bool(),
+        "value_residual_learned": Bool()}),
     "norm": Group({"type": Text(), "placement": Text(),
                    "eps": Described(POSITIVE, "a positive number (it keeps the norm's division finite)"),
                    "affine": Described(Bool(), "true or false (false: no learned gain and shift)")}),
@@ -244,6 +245,7 @@ SCHEMA: dict[str, Group] = {
         "scale": Nullable(Either(Choice(("none", "default")), POSITIVE), "1/sqrt(d_head)"),
         "scale_factor": Described(POSITIVE, "a number > 0 (it multiplies the scale: 0.5 halves 1/sqrt(d_head))"),
         "qk_norm": Bool(),
+        "output_gate": Choice(("none", "headwise", "elementwise"), noun="an output gate"),
         # A short convolution mixes each token with the few before it (Based and Canon layers use 3-4). 64 is far
         # past any use and keeps its cost bounded: every layer's depthwise conv costs K multiply-adds per channel
         # and token, and pads K-1 zeros in front of every sequence (short_conv=1000 ran for minutes, unrefused).
