@@ -70,14 +70,16 @@ class ForgettingAttention(Attention):
         return ForgetState()
 
     def forward(self, x, ctx, layer=0, memory=None):
-        self.pending = F.logsigmoid(self.forget_proj(x).float()).transpose(1, 2)
+        logits = self.forget_proj(x)
+        # float32 at least: the sums c_i of many small log f lose their terms in bfloat16
+        self.pending = F.logsigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32))).transpose(1, 2)
         try:
             return super().forward(x, ctx, layer, memory)
         finally:
             self.pending = None
 
     def attend(self, q, k, v, ctx, state):
-        log_f = self.pending.to(torch.promote_types(q.dtype, torch.float32))
+        log_f = self.pending
         if state is not None:
             k, v = state.extend(k, v)
             decay = state.extend_decay(log_f)
