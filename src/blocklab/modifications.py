@@ -8,13 +8,15 @@ _global_: an `override /<group>: <option>` in its defaults list, or the key's va
 Hydra like any other: `modification=attn-mqa` (the sweep file's defaults pick `baseline`, registered on
 import so the file composes before the rest are). The sweep file asks for them with `${modifications:}`, which
 registers them and returns the names that apply to a decoder LM; the rest are `plan().left_out`, each with the
-first line config_errors gives for it. An entry registered later joins the sweep without an edit."""
+first line config_errors gives for it. An entry registered later joins the sweep without an edit, and so does an
+option that is no registry entry once schema.ABLATIONS declares it (`attn.output_gate`: `attn_output_gate-headwise`)."""
 from dataclasses import dataclass, field
 from functools import cache
 
 from omegaconf import OmegaConf
 
 from blocklab.paths import CONF_DIR
+from blocklab.schema import ABLATIONS
 
 GROUP = "modification"
 BASELINE = "baseline"
@@ -82,6 +84,11 @@ def candidates() -> dict[str, dict]:
         for entry in registry.names():
             if entry not in selected:
                 nodes[f"{group}_{field_}-{entry}"] = {group: {field_: entry}}
+    for key, values in ABLATIONS.items():  # options declared as ablations (schema.ABLATIONS)
+        group, _, field_ = key.partition(".")
+        for value in values:
+            if value != OmegaConf.select(base, key):
+                nodes[f"{group}_{field_}-{str(value).lower()}"] = {group: {field_: value}}
     return nodes
 
 

@@ -285,6 +285,13 @@ SCHEMA: dict[str, Group] = {
 }
 GROUPS = tuple(name for name in SCHEMA if name)
 
+# Options that are not registry entries but ablations of the model: config key -> the values the `modifications`
+# sweep tries, one job each against the baseline (modifications.candidates). An option joins it by a line here.
+ABLATIONS: dict[str, tuple] = {
+    "attn.output_gate": ("headwise", "elementwise"),  # Qiu et al. 2025
+    "model.value_residual": (True,),  # Zhou et al. 2024 (ResFormer)
+}
+
 
 def schema_errors(config: dict) -> list[str]:
     """One line per key whose value its spec refuses, and per unknown key of a group nobody else owns. A number
