@@ -166,6 +166,8 @@ def test_the_learned_weight_gets_a_gradient_and_mla_is_refused():
     cfg = ModelConfig(value_residual=True, attn=AttnConfig(kind="mla"))
     errs = cfg.errors()
     assert len(errs) == 1 and "model.value_residual" in errs[0] and "mla" in errs[0], errs
+    errs = ModelConfig(value_residual_learned=True).errors()
+    assert len(errs) == 1 and "model.value_residual=true" in errs[0], errs
     errs = group_errors("model", {"value_residual": "yes"})
     assert len(errs) == 1 and "model.value_residual='yes' must be true or false" in errs[0], errs
 

@@ -21,7 +21,8 @@ def prenorm_score_bounds(model, block) -> list[float] | None:
     cfg = model.cfg
     attn, norm = block.attn, block.attn_residual.norm_in
     if norm is None or not bounds_token_length(norm) or cfg.attn.qk_norm or model.pos.adds_bias() \
-            or not getattr(attn, "per_head_qk", True):  # MLA: keys from a latent, no W_K per head
+            or not getattr(attn, "per_head_qk", True) \
+            or getattr(attn, "adds_score_bias", False):  # MLA: keys from a latent; forgetting: a decay on the scores
         return None
     gamma = float(norm.weight.abs().max()) if norm.weight is not None else 1.0
     beta = float(norm.bias.norm()) if getattr(norm, "bias", None) is not None else 0.0

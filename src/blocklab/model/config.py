@@ -316,6 +316,9 @@ class ModelConfig:
         if name not in ATTENTION_PATTERNS:
             return errs + [ATTENTION_PATTERNS.unknown(name)]
         kind, pattern = ATTENTION_KINDS[self.attn.kind], ATTENTION_PATTERNS[name]
+        if self.value_residual_learned and not self.value_residual:
+            errs.append("model.value_residual_learned=true learns the value residual's mixing weight, and "
+                        "model.value_residual=false has none; set model.value_residual=true")
         if self.value_residual and not kind.mixes_values:
             errs.append(f"model.value_residual=true mixes the first layer's values into later layers, and "
                         f"attn.kind={self.attn.kind} has no value projection to mix; use model.value_residual=false")

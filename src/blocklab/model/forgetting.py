@@ -47,6 +47,8 @@ class ForgetState(KVState):
 class ForgettingAttention(Attention):
     """Softmax attention (MHA/GQA/MQA) whose scores get the forget gates' cumulative log-decay."""
 
+    adds_score_bias = True  # the decay is unbounded below: score bounds from q and k alone (analysis) do not hold
+
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias)
         self.forget_proj = nn.Linear(d_model, n_heads, bias=True)  # the reference's fgate_proj (always a bias)
