@@ -25,7 +25,6 @@ from blocklab.registry import Registry
 COMMON_ARGS = ("d_model", "n_heads", "n_kv_heads", "scale", "qk_norm", "dropout", "bias")
 # `layer` (the block's index) is given by keyword to a kind whose constructor takes it (diff: lambda_init by depth).
 ATTENTION_KINDS: Registry = Registry("attn.kind", framework_args=(*COMMON_ARGS, "layer"))
-OUTPUT_GATES = ("none", "headwise", "elementwise")  # attn.output_gate
 
 
 class OutputGate(nn.Module):
@@ -33,7 +32,7 @@ class OutputGate(nn.Module):
     gate at position G1 (after the attention output, before W_O): Y' = Y * sigmoid(X W_theta), X the attention's
     input (the block's normed input, pre-norm), one gate per head (headwise) or per channel (elementwise). The
     reference (qiuzh20/gated_attention, modeling_qwen3.py) folds W_theta into q_proj's rows; here it is its own
-    projection, the same function (tests/model/test_frontier_attention.py maps the reference's weights)."""
+    projection, the same function (tests/model/test_output_gate.py maps the reference's weights onto it)."""
 
     def __init__(self, d_model: int, heads: int, width: int, elementwise: bool, bias: bool):
         super().__init__()
@@ -277,12 +276,12 @@ def build_attention(cfg, layer: int = 0, cross: bool = False) -> Attention:
                      cfg.attn.qk_norm, cfg.dropout, cfg.bias, **options)
     if cfg.attn.short_conv:
         attention.short_conv = ShortConv(sum(attention.qkv_sizes), cfg.attn.short_conv)
-    gate = getattr(cfg.attn, "output_gate", "none")
+    gate = cfg.attn.output_gate
     if gate != "none":
         heads = attention.out_heads
         attention.output_gate = OutputGate(cfg.d_model, heads, attention.out_proj.in_features // heads,
                                            gate == "elementwise", cfg.bias)
-    if getattr(cfg, "value_residual", False) and not cross:
+    if cfg.value_residual and not cross:
         attention.value_residual = ValueResidual(first=layer == 0, learned=cfg.value_residual_learned)
     return attention
 
