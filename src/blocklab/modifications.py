@@ -1,22 +1,22 @@
 """The `modifications` sweep's jobs, from the registries: a decoder-LM baseline and one change at a time.
 
-Every Registry of blocklab.model (and blocklab.optim's optimizers) names a config key (`attn.kind`, `norm.placement`...), whose first part is a config
-group. A modification is one option of such a group (conf/<group>/<option>.yaml, so MQA and GQA, which are options
+Every Registry of blocklab.model (and blocklab.optim's optimizers) names a config key (`attn.kind`, `optim.name`...),
+whose first part is a config group. A modification is one option of such a group (conf/<group>/<option>.yaml, so MQA and GQA, which are options
 of `attn`, count), or, for a registry entry no option selects, that entry set on the baseline's option
-(`pos.scaling=yarn`), or an option declared as an ablation at its declared value (registry.declare_ablation:
-`attn.softcap=50`). Each is stored in Hydra's ConfigStore as an option of the group `modification` (package
+(`pos.scaling=yarn`). Each is stored in Hydra's ConfigStore as an option of the group `modification` (package
 _global_: an `override /<group>: <option>` in its defaults list, or the key's value), so each job is composed by
 Hydra like any other: `modification=attn-mqa` (the sweep file's defaults pick `baseline`, registered on
 import so the file composes before the rest are). The sweep file asks for them with `${modifications:}`, which
 registers them and returns the names that apply to a decoder LM; the rest are `plan().left_out`, each with the
-first line config_errors gives for it. An entry registered later joins the sweep without an edit."""
+first line config_errors gives for it. An entry registered later joins the sweep without an edit, and so does an
+option that is no registry entry once schema.ABLATIONS declares it (`attn.output_gate`: `attn_output_gate-headwise`)."""
 from dataclasses import dataclass, field
 from functools import cache
 
 from omegaconf import OmegaConf
 
 from blocklab.paths import CONF_DIR
-from blocklab.registry import ABLATIONS
+from blocklab.schema import ABLATIONS
 
 GROUP = "modification"
 BASELINE = "baseline"
@@ -86,10 +86,11 @@ def candidates() -> dict[str, dict]:
         for entry in registry.names():
             if entry not in selected:
                 nodes[f"{group}_{field_}-{entry}"] = {group: {field_: entry}}
-    for key, value in ABLATIONS.items():  # the options declared as ablations (registry.declare_ablation)
+    for key, values in ABLATIONS.items():  # options declared as ablations (schema.ABLATIONS)
         group, _, field_ = key.partition(".")
-        if OmegaConf.select(base, key) != value:
-            nodes[f"{group}_{field_}-{value:g}"] = {group: {field_: value}}
+        for value in values:
+            if value != OmegaConf.select(base, key):
+                nodes[f"{group}_{field_}-{str(value).lower()}"] = {group: {field_: value}}
     return nodes
 
 

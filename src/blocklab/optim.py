@@ -8,14 +8,11 @@ group (its shared keys: lr, betas, weight_decay, the schedule's) and the entry's
 import torch
 from torch import nn
 
-from blocklab.registry import Registry, declare_ablation
+from blocklab.registry import Registry
 
 # The optim group's keys every optimizer shares (the schema checks them); the rest are the entry's own options.
 SHARED_KEYS = ("name", "lr", "min_lr", "betas", "weight_decay", "warmup_steps", "z_loss")
 OPTIMIZERS: Registry = Registry("optim.name", framework_args=("model", "optim"))
-
-
-declare_ablation("optim.z_loss", 1e-4)  # PaLM's weight
 
 
 def own_options(optim: dict) -> dict:

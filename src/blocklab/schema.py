@@ -228,8 +228,8 @@ SCHEMA: dict[str, Group] = {
     "model": Group({
         "arch": Text(), "d_model": POSITIVE_INT, "n_layers": POSITIVE_INT, "n_heads": POSITIVE_INT,
         "d_ff": Nullable(POSITIVE_INT, "4 * d_model"), "dropout": Number(0, 1), "bias": Bool(),
-        "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool(),
-        "logit_softcap": Nullable(POSITIVE, "no cap")}),
+        "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool(), "value_residual": Bool(),
+        "value_residual_learned": Bool(), "logit_softcap": Nullable(POSITIVE, "no cap")}),
     "norm": Group({"type": Text(), "placement": Text(),
                    "eps": Described(POSITIVE, "a positive number (it keeps the norm's division finite)"),
                    "affine": Described(Bool(), "true or false (false: no learned gain and shift)")},
@@ -248,6 +248,7 @@ SCHEMA: dict[str, Group] = {
         "qk_norm": Bool(),
         "softcap": Described(Number(0), "a number >= 0 (c: scores soft-capped to c tanh(s / c); 0: none; Gemma 2 "
                                         "uses 50)"),
+        "output_gate": Choice(("none", "headwise", "elementwise"), noun="an output gate"),
         # A short convolution mixes each token with the few before it (Based and Canon layers use 3-4). 64 is far
         # past any use and keeps its cost bounded: every layer's depthwise conv costs K multiply-adds per channel
         # and token, and pads K-1 zeros in front of every sequence (short_conv=1000 ran for minutes, unrefused).
@@ -288,6 +289,17 @@ SCHEMA: dict[str, Group] = {
         "study": Study()}),
 }
 GROUPS = tuple(name for name in SCHEMA if name)
+
+# Options that are not registry entries but ablations of the model: config key -> the values the `modifications`
+# sweep tries, one job each against the baseline (modifications.candidates). An option joins it by a line here.
+ABLATIONS: dict[str, tuple] = {
+    "attn.output_gate": ("headwise", "elementwise"),  # Qiu et al. 2025
+    "model.value_residual": (True,),  # Zhou et al. 2024 (ResFormer)
+    "model.logit_softcap": (30.0,),  # Gemma 2's final_logit_softcap
+    "attn.softcap": (50.0,),  # Gemma 2's attn_logits_soft_cap
+    "pos.rotary_fraction": (0.25,),  # p-RoPE at Barbero et al.'s p = 0.25 (Gemma 2B)
+    "optim.z_loss": (1e-4,),  # PaLM's weight
+}
 
 
 def schema_errors(config: dict) -> list[str]:

@@ -46,6 +46,16 @@ def attention_distance(weights: Tensor, rows: Tensor | None = None) -> Tensor:
     return _row_mean((weights * offset).sum(-1), rows)
 
 
+def first_token_share(weights: Tensor, valid: Tensor | None = None) -> Tensor:
+    """The attention sink (Xiao et al. 2024; the measure of Qiu et al. 2025, "Gated Attention for Large Language
+    Models", sec. 4.3): each head's weight on the sequence's first token, averaged over the queries after it (the first
+    query of a causal row has no other key to attend to) and over real tokens only: (H,). weights (B, H, Tq, Tk) of
+    self-attention over right-padded rows (key 0 is each row's first token); valid (B, Tq) False at padding."""
+    rows = torch.ones(weights.shape[0], weights.shape[2], dtype=torch.bool) if valid is None else valid.clone()
+    rows[:, 0] = False
+    return _row_mean(weights[..., 0], rows)
+
+
 def attention_on(weights: Tensor, reads: Tensor) -> Tensor:
     """Each head's attention on the keys its queries must read, summed over those keys and averaged over the
     queries that must read any: (H,). weights (B, H, Tq, Tk); reads (B, Tq, Tk) bool: query q must read key k."""

@@ -21,7 +21,8 @@ def prenorm_score_bounds(model, block) -> list[float] | None:
     cfg = model.cfg
     attn, norm = block.attn, block.attn_residual.norm_in
     if norm is None or not bounds_token_length(norm) or cfg.attn.qk_norm or model.pos.adds_bias() \
-            or not getattr(attn, "per_head_qk", True):  # MLA: keys from a latent, no W_K per head
+            or not getattr(attn, "per_head_qk", True) \
+            or getattr(attn, "adds_score_bias", False):  # MLA: keys from a latent; forgetting: a decay on the scores
         return None
     gamma = float(norm.weight.abs().max()) if norm.weight is not None else 1.0
     beta = float(norm.bias.norm()) if getattr(norm, "bias", None) is not None else 0.0
@@ -92,6 +93,8 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             metrics.prenorm_bound_masked(w > 0, torch.tensor(score_bounds)).tolist(),
             "attention_entropy": metrics.attention_entropy(w).tolist(),
             "attention_distance": metrics.attention_distance(w).tolist(),
+            # the attention sink: the share of each head's attention on the first token (an explicit softmax, above)
+            "first_token_share": metrics.first_token_share(w, valid).tolist(),
             **_answer_rows(w, answer),
             "head_similarity": similarity.tolist(),
             "head_similarity_mean": metrics.mean_off_diagonal(similarity),
@@ -168,6 +171,8 @@ def summarize(stats: dict) -> dict:
         if layer["head_similarity_mean"] is not None:
             flat[f"diag/head_similarity/layer{i}"] = layer["head_similarity_mean"]
         flat[f"diag/attention_entropy/layer{i}"] = sum(layer["attention_entropy"]) / len(layer["attention_entropy"])
+        if "first_token_share" in layer:
+            flat[f"diag/first_token_share/layer{i}"] = sum(layer["first_token_share"]) / len(layer["first_token_share"])
         if layer["ffn_sparsity"] is not None:
             flat[f"diag/ffn_sparsity/layer{i}"] = layer["ffn_sparsity"]
     for grad in stats.get("gradients", []):

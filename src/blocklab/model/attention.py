@@ -5,7 +5,10 @@ GPT-2's c_attn) and back through out_proj; a kind defines how queries meet keys 
 what it keeps between decoding steps (`new_state`, a cache.LayerState). `softmax` covers MHA,
 GQA and MQA (through n_kv_heads), causal or not, with a sparse pattern (patterns.py); its hot path is
 F.scaled_dot_product_attention (or the pattern's blocked kernel), and an explicit softmax path runs
-only when attention weights are asked for (analysis)."""
+only when attention weights are asked for (analysis). Two options act on every kind: `attn.output_gate` (a sigmoid
+gate on each head's output, OutputGate) and `model.value_residual` (later layers mix in the first layer's values,
+ValueResidual)."""
+import inspect
 import math
 
 import torch
@@ -16,11 +19,51 @@ from blocklab.model.cache import DecodingCache, KVState, LayerState
 from blocklab.model.mask import AttentionContext
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.short_conv import ConvState, ShortConv
-from blocklab.registry import Registry, declare_ablation
+from blocklab.registry import Registry
 
 # The constructor arguments every kind gets from the model config; the rest are the kind's own options.
 COMMON_ARGS = ("d_model", "n_heads", "n_kv_heads", "scale", "qk_norm", "dropout", "bias")
-ATTENTION_KINDS: Registry = Registry("attn.kind", framework_args=COMMON_ARGS)
+# `layer` (the block's index) is given by keyword to a kind whose constructor takes it (diff: lambda_init by depth).
+ATTENTION_KINDS: Registry = Registry("attn.kind", framework_args=(*COMMON_ARGS, "layer"))
+
+
+class OutputGate(nn.Module):
+    """`attn.output_gate`: Qiu et al. 2025, "Gated Attention for Large Language Models" (arXiv 2505.06708), the
+    gate at position G1 (after the attention output, before W_O): Y' = Y * sigmoid(X W_theta), X the attention's
+    input (the block's normed input, pre-norm), one gate per head (headwise) or per channel (elementwise). The
+    reference (qiuzh20/gated_attention, modeling_qwen3.py) folds W_theta into q_proj's rows; here it is its own
+    projection, the same function (tests/model/test_output_gate.py maps the reference's weights onto it)."""
+
+    def __init__(self, d_model: int, heads: int, width: int, elementwise: bool, bias: bool):
+        super().__init__()
+        self.heads, self.width = heads, width if elementwise else 1
+        self.proj = nn.Linear(d_model, heads * self.width, bias=bias)
+
+    def forward(self, x: Tensor, out: Tensor) -> Tensor:
+        """x (B, T, d_model), out (B, T, heads, width) -> out gated."""
+        return out * torch.sigmoid(self.proj(x)).unflatten(-1, (self.heads, self.width))
+
+
+class ValueResidual(nn.Module):
+    """`model.value_residual`: Zhou et al. 2024, "Value Residual Learning For Alleviating Attention Concentration
+    In Transformers" (ResFormer, arXiv 2410.17897): every layer after the first mixes in the first layer's values,
+    V_n <- lambda V_n + (1 - lambda) V_1, on the projected values before the head split. lambda = 0.5 fixed, as the
+    reference (Zcchill/Value-Residual-Learning, src/modeling/modeling_llama_resformer.py: 0.5*V_1 + 0.5*V_n);
+    `model.value_residual_learned`: a learned scalar per layer starting at 0.5, as modded-nanogpt's
+    `v = (1 - lamb) * v + lamb * v1` (its lamb is our 1 - lambda). The first layer leaves its values in the pass's
+    context, so decoding with a cache mixes the new tokens' values as recomputation does."""
+
+    def __init__(self, first: bool, learned: bool):
+        super().__init__()
+        self.first = first
+        self.weight = nn.Parameter(torch.tensor(0.5)) if learned and not first else None
+
+    def forward(self, v: Tensor, ctx: AttentionContext) -> Tensor:
+        if self.first:
+            ctx.first_values = v
+            return v
+        weight = 0.5 if self.weight is None else self.weight
+        return weight * v + (1 - weight) * ctx.first_values
 
 
 class Attention(nn.Module):
@@ -35,6 +78,7 @@ class Attention(nn.Module):
     # The fused kernel cannot apply it, so attention then takes the explicit path (`python -m blocklab.bench softcap`).
     caps_scores = False
     softcap = 0.0  # attn.softcap, set by build_attention
+    mixes_values = True  # model.value_residual applies: its values are the 'v' rows of qkv_proj (not MLA's latent)
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, scale: float | None = None,
                  qk_norm: bool = False, dropout: float = 0.0, bias: bool = True):
@@ -51,6 +95,8 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(self.d_head) if qk_norm else None  # None, not Identity: a module call less
         self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else None
         self.short_conv: ShortConv | None = None  # attn.short_conv, set by build_attention for every kind
+        self.output_gate: OutputGate | None = None  # attn.output_gate, set by build_attention
+        self.value_residual: ValueResidual | None = None  # model.value_residual, set by build_attention
         self.last_weights: Tensor | None = None
 
     @classmethod
@@ -116,7 +162,10 @@ class Attention(nn.Module):
             if self.short_conv is not None:
                 conv_state = None if ctx.cache is None else ctx.cache.state(("conv", layer), ConvState)
                 qkv = self.short_conv(qkv, None if ctx.k_valid is None else ctx.k_valid[:, -x.shape[1]:], conv_state)
-            q, k, v = (self._heads(part) for part in qkv.split(self.qkv_sizes, dim=-1))
+            q, k, v = qkv.split(self.qkv_sizes, dim=-1)
+            if self.value_residual is not None:
+                v = self.value_residual(v, ctx)
+            q, k, v = self._heads(q), self._heads(k), self._value_heads(v)
             q, k = _normed(q, self.q_norm), _normed(k, self.k_norm)
             q, k = self.rotate(q, k, ctx)
             if ctx.cache is not None:
@@ -124,15 +173,32 @@ class Attention(nn.Module):
         else:
             q = _normed(self._heads(F.linear(x, *self.projection("q"))), self.q_norm)
             k, v = self._memory_kv(memory, ctx.cache, layer)
-        return self.out_proj(self.attend(q, k, v, ctx, state).transpose(1, 2).flatten(2))
+        return self.output(x, self.attend(q, k, v, ctx, state))
+
+    @property
+    def out_heads(self) -> int:
+        """How many heads `attend` returns (the output gate's heads)."""
+        return self.n_heads
+
+    def _value_heads(self, v: Tensor) -> Tensor:
+        """The values' head view; a kind whose value heads differ from its key heads (diff) overrides it."""
+        return self._heads(v)
+
+    def output(self, x: Tensor, out: Tensor) -> Tensor:
+        """(B, heads, T, width) head outputs -> out_proj of their concatenation, gated first where attn.output_gate
+        is set (from x, the attention's input)."""
+        out = out.transpose(1, 2)
+        if self.output_gate is not None:
+            out = self.output_gate(x, out)
+        return self.out_proj(out.flatten(2))
 
     def _memory_kv(self, memory: Tensor, cache: DecodingCache | None, layer: int) -> tuple[Tensor, Tensor]:
         if cache is not None and layer in cache.cross:
             return cache.cross[layer]
         q_size, k_size, v_size = self.qkv_sizes
         kv = F.linear(memory, *self._rows(q_size, k_size + v_size))
-        k, v = (self._heads(part) for part in kv.chunk(2, dim=-1))
-        k = _normed(k, self.k_norm)
+        k, v = kv.chunk(2, dim=-1)
+        k, v = _normed(self._heads(k), self.k_norm), self._value_heads(v)
         if cache is not None:
             cache.cross[layer] = (k, v)
         return k, v
@@ -210,18 +276,25 @@ class SoftmaxAttention(Attention):
         return F.dropout(weights, dropout) @ v, weights
 
 
-declare_ablation("attn.softcap", 50.0)  # Gemma 2's attn_logits_soft_cap
-
-
-def build_attention(cfg) -> Attention:
-    """The configured kind for one layer of a ModelConfig."""
+def build_attention(cfg, layer: int = 0, cross: bool = False) -> Attention:
+    """The configured kind for layer `layer` of a ModelConfig (cross: the decoder's cross-attention, which has no
+    value residual)."""
     kind = ATTENTION_KINDS[cfg.attn.kind]
     options = {**kind.derived_options(cfg), **{k: v for k, v in cfg.attn.options.items() if v is not None}}
+    if "layer" in inspect.signature(kind).parameters:
+        options["layer"] = layer
     attention = kind(cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head),
                      cfg.attn.qk_norm, cfg.dropout, cfg.bias, **options)
     if cfg.attn.short_conv:
         attention.short_conv = ShortConv(sum(attention.qkv_sizes), cfg.attn.short_conv)
     attention.softcap = float(cfg.attn.softcap)
+    gate = cfg.attn.output_gate
+    if gate != "none":
+        heads = attention.out_heads
+        attention.output_gate = OutputGate(cfg.d_model, heads, attention.out_proj.in_features // heads,
+                                           gate == "elementwise", cfg.bias)
+    if cfg.value_residual and not cross:
+        attention.value_residual = ValueResidual(first=layer == 0, learned=cfg.value_residual_learned)
     return attention
 
 

@@ -64,9 +64,9 @@ class Block(nn.Module):
         wrap = dict(placement=PLACEMENTS[cfg.norm.placement], norm_type=cfg.norm.type, dim=cfg.d_model, eps=cfg.norm.eps,
                     bias=cfg.bias, dropout=cfg.dropout, residual=cfg.residual, alpha=cfg.residual_alpha,
                     affine=cfg.norm.affine, gate=cfg.branch_gate, norm_options=cfg.norm.options)
-        self.attn = build_attention(cfg)
+        self.attn = build_attention(cfg, layer)
         self.attn_residual = Residual(self.attn, **wrap)
-        self.cross_attn = build_attention(cfg) if cross else None
+        self.cross_attn = build_attention(cfg, layer, cross=True) if cross else None
         self.cross_residual = Residual(self.cross_attn, **wrap) if cross else None
         self.ffn = build_ffn(cfg) if cfg.ffn else None
         self.ffn_residual = Residual(self.ffn, **wrap) if cfg.ffn else None

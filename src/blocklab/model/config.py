@@ -66,6 +66,7 @@ class AttnConfig:
     qk_norm: bool = False
     short_conv: int = 0  # width of a depthwise causal convolution on q, k, v (model/short_conv.py); 0: none
     softcap: float = 0.0  # > 0: softmax scores soft-capped to c tanh(s / c) (Attention.caps_scores); 0: none
+    output_gate: str = "none"  # sigmoid gate on each head's output: none, headwise, elementwise (attention.OutputGate)
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own keyword arguments
     pattern_options: dict[str, Any] = field(default_factory=dict)  # the pattern's own (stride, dilation...)
 
@@ -163,6 +164,8 @@ class ModelConfig:
     residual: bool = True  # False removes the skip connections (rank-collapse ablation)
     ffn: bool = True  # False removes the FFN sublayers (rank-collapse ablation)
     logit_softcap: float | None = None  # output logits soft-capped to (-c, c) as c tanh(z / c) (Gemma 2: 30)
+    value_residual: bool = False  # later layers mix in the first layer's values (attention.ValueResidual)
+    value_residual_learned: bool = False  # with it: a learned mixing weight per layer (else 0.5, the reference's)
     max_len: int = 512  # longest sequence the model must handle (sizes learned position tables)
     segments: int = 0  # set by the task: segment embeddings and a next-sentence head for sentence pairs (0: none)
     norm: NormConfig = field(default_factory=NormConfig)
@@ -321,6 +324,12 @@ class ModelConfig:
         if name not in ATTENTION_PATTERNS:
             return errs + [ATTENTION_PATTERNS.unknown(name)]
         kind, pattern = ATTENTION_KINDS[self.attn.kind], ATTENTION_PATTERNS[name]
+        if self.value_residual_learned and not self.value_residual:
+            errs.append("model.value_residual_learned=true learns the value residual's mixing weight, and "
+                        "model.value_residual=false has none; set model.value_residual=true")
+        if self.value_residual and not kind.mixes_values:
+            errs.append(f"model.value_residual=true mixes the first layer's values into later layers, and "
+                        f"attn.kind={self.attn.kind} has no value projection to mix; use model.value_residual=false")
         errs += ATTENTION_KINDS.option_errors(self.attn.kind, self.attn.options, "attn")
         errs += ATTENTION_PATTERNS.option_errors(name, self.attn.pattern_args, "attn")
         errs += [f"attn.{key} is an option of both attn.pattern={name} and attn.kind={self.attn.kind}, so the "

@@ -26,6 +26,8 @@ class AttentionContext:
     k_valid: Tensor | None = None
     # A sparse pattern to compute by its blocked kernel (Pattern.attend); None: the mask says it all.
     blocked: Pattern | None = None
+    # The first layer's values (B, T, width) of this pass, which later layers mix in (model.value_residual).
+    first_values: Tensor | None = field(default=None, repr=False, compare=False)
     # keys_seen's counts, computed by the first layer that asks and shared by the others of the pass.
     _keys_seen: dict = field(default_factory=dict, repr=False, compare=False)
 

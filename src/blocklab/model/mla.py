@@ -50,6 +50,7 @@ class MultiHeadLatentAttention(Attention):
     of d_h^R dimensions); its logit temperature (YaRN's 1/t) is applied to the content part here."""
 
     per_head_qk = False  # no W_K per head: bounds read from per-head q/k projections (analysis) do not apply
+    mixes_values = False  # its values are read from the latent: model.value_residual does not apply
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
                  kv_rank: int | None = None, rope_dim: int | None = None, latent_norm: bool = True):
@@ -128,7 +129,7 @@ class MultiHeadLatentAttention(Attention):
             out = self.absorbed(q_content, q_rope, latent, k_rope, ctx)
         else:
             out = self.explicit_form(q_content, q_rope, latent, k_rope, ctx)
-        return self.out_proj(out.transpose(1, 2).flatten(2))
+        return self.output(x, out)
 
     def _mask(self, q: Tensor, ctx) -> Tensor | None:
         mask = None if ctx.mask is None else ctx.mask.to(q.dtype)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.model.meta import counting
-from blocklab.registry import Registry, declare_ablation
+from blocklab.registry import Registry
 
 POSITION_SCHEMES: Registry = Registry("pos.name", framework_args=("d_model", "n_heads", "d_head", "causal"))
 POSITION_SCALINGS: Registry = Registry("pos.scaling")
@@ -527,9 +527,6 @@ ROTARY_FORMS = {
     # GPTNeoXRotaryEmbedding): the first int(d * p) dimensions are rotated with frequencies base^(-2i/(d p)).
     "dimensions": "rotate the first fraction of dimensions with their own frequencies (GPT-NeoX rotary_pct)",
 }
-
-
-declare_ablation("pos.rotary_fraction", 0.25)  # p-RoPE at Barbero et al.'s p = 0.25 (Gemma 2B)
 
 
 def kept_frequencies(frequencies: Tensor, dim: int, fraction: float) -> Tensor:

@@ -10,7 +10,6 @@ from torch import Tensor, nn
 
 from blocklab.model.abacus import AbacusEmbedding, abacus_size
 from blocklab.model.architectures import ARCHITECTURES
-from blocklab.registry import declare_ablation
 from blocklab.model.block import Block
 from blocklab.model.cache import DecodingCache
 from blocklab.model.ffn import dropout_layer
@@ -202,9 +201,6 @@ def softcap(logits: Tensor, cap: float | None) -> Tensor:
     at a Practical Size", §2; google-deepmind/gemma, gemma/modules.py and transformer.py: final_logit_softcap 30,
     attn_logits_soft_cap 50), bounding every logit to (-cap, cap) while leaving small ones almost unchanged."""
     return logits if cap is None else torch.tanh(logits / cap) * cap
-
-
-declare_ablation("model.logit_softcap", 30.0)  # Gemma 2's final_logit_softcap
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

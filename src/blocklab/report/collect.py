@@ -31,6 +31,7 @@ METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in",
            "token_acc_in", "next_sentence_acc_in",
            "params", "flops_per_token", "tokens_per_s", "ms_per_step", "diverged", "steps_to_target_loss",
            "kv_cache_bytes_per_token", "state_bytes", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
+           "first_token_share",
            "ffn_off", "ffn_dead", "relative_residual_last")
 EARLY = 0.25  # the early loss is read at this fraction of the planned training steps (Narang et al. 2021)
 
@@ -61,7 +62,8 @@ def _layers(diag: dict | None, when: str) -> dict[str, list]:
     }
     for part in ("attn", "ffn"):
         series[f"grad_{part}"] = [g[part] for g in m.get("gradients", [])]
-    for key in ("attention_entropy", "attention_distance", "attention_entropy_answer", "attention_distance_answer"):
+    for key in ("attention_entropy", "attention_distance", "attention_entropy_answer", "attention_distance_answer",
+                "first_token_share"):
         heads = [layer.get(key) for layer in m["layers"]]  # per head; *_answer: over the answer's queries only
         series[key] = [sum(h) / len(h) if h else None for h in heads]
         series[f"{key}_heads"] = heads  # per layer, one value per head (the per_head plot)
@@ -260,6 +262,7 @@ def _measured(results: dict, row: dict) -> dict:
         "layers_end": _layers(results.get("diagnostics"), "end"),
     })
     row["head_similarity"] = _mean(row["layers_end"].get("head_similarity", []))
+    row["first_token_share"] = _mean(row["layers_end"].get("first_token_share", []))  # the attention sink
     row["ffn_sparsity"] = _mean(row["layers_end"].get("ffn_sparsity", []))
     row["ffn_off"] = _mean(row["layers_end"].get("ffn_off", []))
     dead = row["layers_end"].get("ffn_dead") or [None]
