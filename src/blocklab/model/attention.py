@@ -30,6 +30,7 @@ class Attention(nn.Module):
     `errors` and `label` are its constraints and the name results record for it."""
 
     honours_patterns = False  # True: it attends only where attn.pattern allows (the context's mask or blocked pattern)
+    temperature = True  # self.scale is a softmax temperature (param=mup sets it to 1/d); False: the kind has none
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, scale: float | None = None,
                  qk_norm: bool = False, dropout: float = 0.0, bias: bool = True):
@@ -47,6 +48,11 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else None
         self.short_conv: ShortConv | None = None  # attn.short_conv, set by build_attention for every kind
         self.last_weights: Tensor | None = None
+
+    @property
+    def qk_dim(self) -> int:
+        """The width of each query-key dot product, which the default scale is 1/sqrt of."""
+        return self.d_head
 
     @classmethod
     def label(cls, cfg) -> str:
@@ -205,6 +211,8 @@ def build_attention(cfg) -> Attention:
     options = {**kind.derived_options(cfg), **{k: v for k, v in cfg.attn.options.items() if v is not None}}
     attention = kind(cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head),
                      cfg.attn.qk_norm, cfg.dropout, cfg.bias, **options)
+    if attention.temperature and cfg.attn.scale in (None, "default"):  # the kind's default scale: param's to set
+        attention.scale = cfg.param.rule().attention_scale(attention.scale, attention.qk_dim)
     if cfg.attn.short_conv:
         attention.short_conv = ShortConv(sum(attention.qkv_sizes), cfg.attn.short_conv)
     return attention

@@ -26,20 +26,32 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 
 def build_optimizer(model: torch.nn.Module, optim: dict) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings only. The fused kernel does the same update
-    as the default per-tensor loop in one pass over all parameters, which shortens a small model's CPU
+    """AdamW with weight decay on matrices and embeddings only, and each parameter's learning rate and decay times
+    the parametrization's multipliers (param=mup: model/param.py; all 1 under sp). The fused kernel does the same
+    update as the default per-tensor loop in one pass over all parameters, which shortens a small model's CPU
     step markedly (`python -m blocklab.bench step` times the step)."""
-    decay, no_decay = optimizer_params(model)
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=optim["lr"], betas=tuple(optim["betas"]), fused=True,
-    )
+    groups = [{"params": params, "lr": optim["lr"] * lr_mult,
+               "weight_decay": optim["weight_decay"] * wd_mult if decay else 0.0}
+              for (decay, lr_mult, wd_mult), params in optimizer_groups(model).items()]
+    return torch.optim.AdamW(groups, lr=optim["lr"], betas=tuple(optim["betas"]), fused=True)
 
 
-def optimizer_params(model: torch.nn.Module) -> tuple[list, list]:
-    """The parameters AdamW decays (matrices and embeddings) and those it does not: its two groups, in its order."""
-    params = list(model.parameters())
-    return [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
+def optimizer_groups(model: torch.nn.Module) -> dict[tuple[bool, float, float], list]:
+    """AdamW's parameter groups, in its order: (decayed, lr multiplier, weight-decay multiplier) -> parameters. The
+    decayed (matrices and embeddings) at multipliers 1, the rest at 1 (both always there, as in checkpoints saved
+    before param existed), then one group per other pair of multipliers (param=mup's hidden weights)."""
+    multipliers = model.cfg.param.rule().multipliers(model) if hasattr(model, "cfg") else {}
+    groups: dict[tuple[bool, float, float], list] = {(True, 1.0, 1.0): [], (False, 1.0, 1.0): []}
+    for decay in (True, False):
+        for p in model.parameters():
+            if (p.dim() >= 2) == decay:
+                groups.setdefault((decay, *multipliers.get(id(p), (1.0, 1.0))), []).append(p)
+    return groups
+
+
+def optimizer_params(model: torch.nn.Module) -> list[list]:
+    """The parameters of each of AdamW's groups, in its order (optimizer_groups)."""
+    return list(optimizer_groups(model).values())
 
 
 def scored_positions(target: torch.Tensor) -> torch.Tensor | None:
