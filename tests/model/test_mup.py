@@ -11,9 +11,12 @@ from conftest import FAST, run_cli, run_in_process
 from helpers import assert_refused_cli
 
 from blocklab.model import ModelConfig, build_model
-from blocklab.model.config import InitConfig, ParamConfig
+from blocklab.experiment import Setup
+from blocklab.model.attention import ATTENTION_KINDS
+from blocklab.model.config import FfnConfig, InitConfig, ParamConfig
+from blocklab.model.ffn import FFN_KINDS
 from blocklab.results import read_results
-from blocklab.train.module import build_optimizer, optimizer_params
+from blocklab.train.module import build_optimizer, optimizer_params, restore_error
 
 # Table 3 (µP, Adam): init Var and LR of each kind of weight as functions of fan_in; with fan_in x4 (64 -> 256):
 #   input weights & all biases: Var 1/fan_in with fan_in fixed (vocab, or 1 for a bias) -> std x1, LR 1 -> x1
@@ -125,8 +128,37 @@ def test_command_line_refuses_mup_with_xavier(tmp_path):
     assert_refused_cli(proc, "init=xavier", tmp_path / "run")
 
 
+def kind_cfg(width: int, kind: str, ffn: str = "dense") -> ModelConfig:
+    """A decoder of attn.kind `kind` (non-causal where the kind has no causal form) under mup at `width`."""
+    cfg = dataclasses.replace(mup_cfg(width), ffn_kind=FfnConfig(ffn))
+    cfg = dataclasses.replace(cfg, attn=dataclasses.replace(cfg.attn, kind=kind))
+    if cfg.errors():
+        cfg = dataclasses.replace(cfg, attn=dataclasses.replace(cfg.attn, causal=False))
+    return cfg
+
+
+@pytest.mark.parametrize("kind, ffn", [(kind, "dense") for kind in ATTENTION_KINDS] + [("softmax", f) for f in FFN_KINDS])
+def test_every_kind_takes_mup_on_its_projections(kind, ffn):
+    """Every attention and FFN kind builds under mup, and its W_qkv and W_out (every expert's FFN too) get the hidden
+    rule: lr / m at d_model 128 (m = 2), its biases and norms the base lr."""
+    cfg = kind_cfg(128, kind, ffn)
+    assert cfg.errors() == []
+    model = build_model(cfg)
+    optimizer = build_optimizer(model, {"lr": 1.0, "betas": [0.9, 0.99], "weight_decay": 0.1})
+    lrs = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    for name, p in model.named_parameters():
+        if name.endswith(("qkv_proj.weight", "out_proj.weight", "in_proj.weight")):
+            assert lrs[id(p)] == 0.5, name
+        elif p.dim() < 2:
+            assert lrs[id(p)] == 1.0, name
+
+
 @pytest.mark.slow
 def test_mup_trains_end_to_end(run_dir):
+    """config -> model -> training -> results.json, and the checkpoint's AdamW groups fit the model's (a resume)."""
     run_in_process([*FAST, "param=mup", "model.d_model=128", "model.n_heads=8"], run_dir)
     results = read_results(run_dir)
     assert results["status"] == "completed" and results["choices"]["param"] == "mup"
+    setup = Setup.from_run_dir(run_dir)
+    assert setup.model_cfg.param == ParamConfig("mup", {"base_width": 64})
+    assert restore_error(setup.checkpoint, setup.model_cfg) is None

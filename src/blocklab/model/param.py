@@ -7,7 +7,8 @@ learning rate tuned at one width serves every width.
 Under `mup` (rules from Microsoft's `mup` package, github.com/microsoft/mup at 1981497: mup/layer.py MuReadout and
 MuSharedReadout, mup/optim.py MuAdam, mup/init.py, mup/shape.py set_base_shapes; and EleutherAI's nanoGPT-mup,
 github.com/EleutherAI/nanoGPT-mup at b2a5e60, model.py):
-- width is d_model, grown at a fixed head width d_head (more heads), d_ff and n_kv_heads in proportion, from
+- width is d_model, grown at a fixed head width d_head (more heads), d_ff and n_kv_heads in proportion (MQA's one
+  K/V head stays one), from
   `param.base_width` (64). At the base width `mup` is `sp` but for the attention scale.
 - Which dimensions of a weight are widths is read as the package's set_base_shapes does: the model is built (on the
   meta device) at the base width and at twice it, and a dimension that differs is a width, with multiplier
@@ -147,7 +148,7 @@ def width_error(cfg, width: int) -> str | None:
     """Why `cfg` cannot be built at d_model=`width` with its d_head fixed (a phrase), or None."""
     ratio = Fraction(width, cfg.d_model)
     sizes = {"n_heads": cfg.n_heads * ratio, "d_ff": cfg.d_ff * ratio}
-    if cfg.attn.n_kv_heads is not None:
+    if cfg.attn.n_kv_heads not in (None, 1):
         sizes["n_kv_heads"] = cfg.attn.n_kv_heads * ratio
     bad = [f"{key}={float(value):g}" for key, value in sizes.items() if value.denominator != 1 or value < 1]
     return f"{', '.join(bad)} would not be whole" if bad else None
@@ -155,14 +156,14 @@ def width_error(cfg, width: int) -> str | None:
 
 def at_width(cfg, width: int):
     """`cfg` (a ModelConfig) widened or narrowed to d_model=`width` as µP grows it: d_head fixed (n_heads in proportion),
-    d_ff and n_kv_heads in proportion, every other key as it is."""
+    d_ff and n_kv_heads in proportion (MQA's one K/V head stays one), every other key as it is."""
     error = width_error(cfg, width)
     if error is not None:
         raise ValueError(f"d_model={width}: {error}")
     ratio = Fraction(width, cfg.d_model)
     kv = cfg.attn.n_kv_heads
     return replace(cfg, d_model=width, n_heads=int(cfg.n_heads * ratio), d_ff=int(cfg.d_ff * ratio),
-                   attn=replace(cfg.attn, n_kv_heads=None if kv is None else int(kv * ratio)))
+                   attn=replace(cfg.attn, n_kv_heads=kv if kv in (None, 1) else int(kv * ratio)))
 
 
 def width_dims(model: nn.Module, base_width: int) -> dict[str, list[float | None]]:
