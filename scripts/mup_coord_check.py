@@ -33,7 +33,8 @@ def main():
              f"Each layer's mean |output| on one batch after {STEPS} AdamW steps at a constant lr {LR} (no warmup, "
              f"clipping 1.0), task=lm, 2 layers, init=normal, d_head 16, batch 8 x 64 tokens, averaged over seeds "
              f"{SEEDS}; the slope is that of log mean |output| against log d_model over {WIDTHS}.", "",
-             "| layer | " + " | ".join(f"{p} d={w}" for p in ("sp", "mup") for w in WIDTHS) + " | sp slope | mup slope |",
+             "| layer | " + " | ".join(f"{p} d={w}" for p in ("sp", "mup") for w in WIDTHS)
+             + " | sp slope | mup slope |",
              "|---" * (2 * len(WIDTHS) + 3) + "|"]
     for name in sizes["sp"]:
         values = [f"{v:.3g}" for p in ("sp", "mup") for v in sizes[p][name]]

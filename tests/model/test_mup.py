@@ -25,12 +25,13 @@ from blocklab.train.module import build_optimizer, optimizer_params, restore_err
 TABLE3_ADAM = {"input": (1.0, 1.0), "bias": (1.0, 1.0), "hidden": (0.5, 0.25), "output": (0.25, 0.25)}
 
 # Each weight of a one-layer untied decoder, by the kind Table 3 gives it (written by hand, not read from the code).
-KINDS = {"tok_emb.weight": "input", "blocks.0.attn.qkv_proj.weight": "hidden", "blocks.0.attn.out_proj.weight": "hidden",
-         "blocks.0.ffn.in_proj.weight": "hidden", "blocks.0.ffn.out_proj.weight": "hidden", "head.weight": "output",
-         "blocks.0.attn.qkv_proj.bias": "bias", "blocks.0.attn.out_proj.bias": "bias", "blocks.0.ffn.in_proj.bias": "bias",
-         "blocks.0.ffn.out_proj.bias": "bias", "blocks.0.attn_residual.norm_in.weight": "bias",
-         "blocks.0.attn_residual.norm_in.bias": "bias", "blocks.0.ffn_residual.norm_in.weight": "bias",
-         "blocks.0.ffn_residual.norm_in.bias": "bias", "final_norm.weight": "bias", "final_norm.bias": "bias"}
+KINDS = {"tok_emb.weight": "input", "head.weight": "output",
+         **{f"blocks.0.{layer}.weight": "hidden" for layer in ("attn.qkv_proj", "attn.out_proj", "ffn.in_proj",
+                                                                "ffn.out_proj")},
+         **{f"blocks.0.{layer}.bias": "bias" for layer in ("attn.qkv_proj", "attn.out_proj", "ffn.in_proj",
+                                                            "ffn.out_proj")},
+         **{f"{norm}.{part}": "bias" for norm in ("blocks.0.attn_residual.norm_in", "blocks.0.ffn_residual.norm_in",
+                                                  "final_norm") for part in ("weight", "bias")}}
 
 
 def mup_cfg(width: int, **changes) -> ModelConfig:
@@ -137,7 +138,8 @@ def kind_cfg(width: int, kind: str, ffn: str = "dense") -> ModelConfig:
     return cfg
 
 
-@pytest.mark.parametrize("kind, ffn", [(kind, "dense") for kind in ATTENTION_KINDS] + [("softmax", f) for f in FFN_KINDS])
+@pytest.mark.parametrize("kind, ffn", [(kind, "dense") for kind in ATTENTION_KINDS]
+                         + [("softmax", ffn) for ffn in FFN_KINDS])
 def test_every_kind_takes_mup_on_its_projections(kind, ffn):
     """Every attention and FFN kind builds under mup, and its W_qkv and W_out (every expert's FFN too) get the hidden
     rule: lr / m at d_model 128 (m = 2), its biases and norms the base lr."""

@@ -17,7 +17,8 @@ from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES, PositionScheme
 from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors
 
-SUBGROUPS = ("norm", "pos", "attn", "act", "ffn_kind", "init", "param")  # ModelConfig fields filled from their own yaml groups
+# ModelConfig fields filled from their own yaml groups
+SUBGROUPS = ("norm", "pos", "attn", "act", "ffn_kind", "init", "param")
 
 
 @dataclass
@@ -316,7 +317,8 @@ class ModelConfig:
                  if f.name not in TASK_DERIVED and f.name not in SUBGROUPS}
         attn = {key: getattr(self.attn, key) for key in SCHEMA["attn"].keys}
         return [("model", model), ("norm", asdict(self.norm)), ("attn", attn), ("act", asdict(self.act)),
-                ("ffn", {"name": self.ffn_kind.name}), ("init", asdict(self.init)), ("param", {"name": self.param.name})]
+                ("ffn", {"name": self.ffn_kind.name}), ("init", asdict(self.init)),
+                ("param", {"name": self.param.name})]
 
     def _ffn_errors(self) -> list[str]:
         name = self.ffn_kind.name

@@ -93,7 +93,7 @@ class MaximalUpdate(Standard):
     def errors(self, cfg) -> list[str]:
         width = self.base_width
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            return [f"param.base_width={width!r} must be a positive integer (the d_model the learning rate is tuned at)"]
+            return [f"param.base_width={width!r} must be a positive integer (the d_model the lr is tuned at)"]
         errs = []
         for at in (width, 2 * width):  # the two widths the base shapes are read from
             if (bad := width_error(cfg, at)) is not None:
@@ -113,8 +113,8 @@ class MaximalUpdate(Standard):
         return 1 / self.width_mult(cfg)
 
     def rescale_init(self, model: nn.Module) -> None:
-        """mup.init's rule: the scheme drew each weight as at the base width; hidden ones shrink by m^(-1/2), output-like
-        ones (to a fixed size) by 1/m."""
+        """mup.init's rule: the scheme drew each weight as at the base width; hidden ones shrink by m^(-1/2),
+        output-like ones (to a fixed size) by 1/m."""
         with torch.no_grad():
             for param, (kind, mult) in self.roles(model).items():
                 if kind != "vector":
@@ -155,8 +155,8 @@ def width_error(cfg, width: int) -> str | None:
 
 
 def at_width(cfg, width: int):
-    """`cfg` (a ModelConfig) widened or narrowed to d_model=`width` as µP grows it: d_head fixed (n_heads in proportion),
-    d_ff and n_kv_heads in proportion (MQA's one K/V head stays one), every other key as it is."""
+    """`cfg` (a ModelConfig) widened or narrowed to d_model=`width` as µP grows it: d_head fixed (n_heads in
+    proportion), d_ff and n_kv_heads in proportion (MQA's one K/V head stays one), every other key as it is."""
     error = width_error(cfg, width)
     if error is not None:
         raise ValueError(f"d_model={width}: {error}")
@@ -170,10 +170,9 @@ def width_dims(model: nn.Module, base_width: int) -> dict[str, list[float | None
     """Each parameter's dimensions, by name: its width multiplier (size / size at base_width) where the dimension grows
     with d_model, None where it does not. Read off the model built at base_width and at twice it, under sp, on the
     meta device (mup's set_base_shapes with a base and a delta model)."""
-    cfg = model.cfg
+    cfg = replace(model.cfg, param=replace(model.cfg.param, name="sp", options={}))  # sp: no recursion
     with torch.device("meta"):
-        base, delta = (ARCHITECTURES[cfg.arch](at_width(replace(cfg, param=replace(cfg.param, name="sp", options={})), w))
-                       for w in (base_width, 2 * base_width))
+        base, delta = (ARCHITECTURES[cfg.arch](at_width(cfg, w)) for w in (base_width, 2 * base_width))
     base_shapes = {name: p.shape for name, p in base.named_parameters()}
     delta_shapes = {name: p.shape for name, p in delta.named_parameters()}
     return {name: [None if b == d else size / b for size, b, d in zip(p.shape, base_shapes[name], delta_shapes[name])]

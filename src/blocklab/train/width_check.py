@@ -50,9 +50,9 @@ def recorded_outputs(model: torch.nn.Module):
 
 
 def train_briefly(setup: Setup, steps: int, clip: float | None = 1.0, record_at_end: bool = False) -> dict:
-    """`steps` training steps of the setup's model from the config's seed (weights and batches), at its optim group (lr, warmup, cosine to
-    min_lr at `steps`). Returns {"losses": the loss of each step, "sizes": each layer's mean |output| on the first
-    batch after the last step (with record_at_end), "diverged": whether a loss was not finite}."""
+    """`steps` training steps of the setup's model from the config's seed (weights and batches), at its optim group
+    (lr, warmup, cosine to min_lr at `steps`). Returns {"losses": the loss of each step, "sizes": each layer's mean
+    |output| on the first batch after the last step (with record_at_end), "diverged": whether a loss was not finite}."""
     torch.manual_seed(setup.config["seed"])
     optim = setup.config["optim"]
     lit = LitTransformer(setup.model_cfg, optim)
