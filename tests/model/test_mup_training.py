@@ -58,10 +58,11 @@ WIDER_TOLERANCE = 0.02  # nats: how much higher a wider model's loss may be and 
 
 @pytest.mark.slow
 def test_wider_is_better_at_one_learning_rate():
-    """Under mup at the lr tuned at the base width (0.01), 200 steps, 3 seeds: each wider model's final training loss
-    is lower than the narrower one's, within WIDER_TOLERANCE (Tensor Programs V, Fig. 1: under µP wider is better at
-    any fixed lr; under sp it need not be, the best lr moving)."""
-    losses = final_losses("mup", 0.01, 200, SEEDS, WIDTHS)
+    """Under mup at the lr tuned at the base width (0.003, the best of the grid at d_model 64 in
+    docs/measurements/2026-11-28-mup-lr-transfer.md), 200 steps, 3 seeds: each wider model's final training loss is
+    lower than the narrower one's, within WIDER_TOLERANCE (Tensor Programs V, Fig. 1: under µP wider is better at a
+    fixed lr; under sp it need not be, the best lr moving)."""
+    losses = final_losses("mup", 0.003, 200, SEEDS, WIDTHS)
     for narrow, wide in zip(WIDTHS, WIDTHS[1:]):
         assert losses[wide] < losses[narrow] + WIDER_TOLERANCE, losses
 
@@ -71,9 +72,9 @@ GRID = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]  # the measurement's 5-point log grid
 
 @pytest.mark.slow
 def test_mup_best_learning_rate_transfers():
-    """The best lr of GRID under mup stays within one grid point from d_model 32 to 128 (2 seeds, 100 steps: a smaller
-    budget than docs/measurements/2026-11-28-mup-lr-transfer.md, which also shows sp's best moving)."""
+    """The best lr of GRID under mup stays within one grid point from d_model 32 to 128 (2 seeds, 200 steps: a smaller
+    budget than docs/measurements/2026-11-28-mup-lr-transfer.md, which adds d_model 256 and shows sp's best moving)."""
     widths = [32, 64, 128]
-    by_lr = {lr: final_losses("mup", lr, 100, [0, 1], widths) for lr in GRID}
+    by_lr = {lr: final_losses("mup", lr, 200, [0, 1], widths) for lr in GRID}
     best = [GRID.index(min(GRID, key=lambda lr: by_lr[lr][width])) for width in widths]
     assert max(best) - min(best) <= 1, by_lr
