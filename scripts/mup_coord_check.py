@@ -27,7 +27,8 @@ def main():
                 sizes.setdefault(param, {}).setdefault(name, []).append(statistics.mean(r[name] for r in runs))
     today = datetime.date.today().isoformat()
     lines = [f"# Coordinate check, sp against mup ({today})", "",
-             "[← measurements](README.md) · [lr transfer](2026-11-28-mup-lr-transfer.md)", "",
+             "[← README](../../README.md) · [measurements](README.md) · [lr transfer](2026-11-28-mup-lr-transfer.md)",
+             "",
              f"Machine: {machine_label()}, one thread.", "",
              "Command: `OMP_NUM_THREADS=1 python scripts/mup_coord_check.py`", "",
              f"Each layer's mean |output| on one batch after {STEPS} AdamW steps at a constant lr {LR} (no warmup, "

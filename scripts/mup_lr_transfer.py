@@ -89,7 +89,9 @@ def render(data: dict, stem: Path) -> None:
 def page(data: dict, losses: dict, name: str) -> str:
     s = data["settings"]
     lines = [f"# Learning-rate transfer, sp against mup ({data['date']})", "",
-             "[← measurements](README.md) · [param=mup](../model.md#width-and-parametrization-param)", "",
+             "[← README](../../README.md) · [measurements](README.md) · "
+             "[param=mup](../model.md#width-and-parametrization-param) · "
+             "[coordinate check](2026-11-28-mup-coord-check.md)", "",
              f"Machine: {data['machine']}, one thread (shared with other jobs).", "",
              f"Command: `{data['command']}` (redraw from the data: `python scripts/mup_lr_transfer.py --render "
              f"--data docs/measurements/{name}.json`).", "",
