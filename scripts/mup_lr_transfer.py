@@ -112,9 +112,14 @@ def page(data: dict, losses: dict, name: str) -> str:
         lines.append("")
     for param in PARAMS:
         grid = sorted(next(iter(losses[param].values())))
-        steps = [grid.index(lr) for lr in best_lrs(losses[param]).values()]
+        best = best_lrs(losses[param])
+        steps = [grid.index(lr) for lr in best.values()]
+        edge = [w for w, lr in best.items() if lr in (grid[0], grid[-1])]
         lines.append(f"- {param}: the best lr moves over {max(steps) - min(steps)} grid point(s) from d_model "
-                     f"{min(losses[param])} to {max(losses[param])}.")
+                     f"{min(losses[param])} to {max(losses[param])}"
+                     + (f"; at d_model {', '.join(map(str, edge))} it is at the grid's edge, so the true best may lie "
+                        f"beyond it" if edge else "") + ". Lowest loss per width: "
+                     + ", ".join(f"{w}: {losses[param][w][lr]:.3f}" for w, lr in sorted(best.items())) + ".")
     return "\n".join(lines) + "\n"
 
 
