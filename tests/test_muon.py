@@ -99,3 +99,8 @@ def test_bad_options_are_one_line_before_any_work():
     assert "optim.name='sgd' is unknown" in optimizer_errors({"name": "sgd"})[0]
     with pytest.raises(ConfigError, match="optim.ns_steps"):
         setup_for(["optim.ns_steps=0"])
+
+
+def test_muon_with_mup_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^optim=muon with param=mup: .*use param=sp with optim=muon$"):
+        setup_for(["param=mup"])

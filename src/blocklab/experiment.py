@@ -18,7 +18,7 @@ from blocklab.model import ModelConfig, build_model
 from blocklab.model.size import memory_error, model_size, size_keys
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, unfinished_run_error
-from blocklab.optim import optimizer_errors
+from blocklab.optim import model_errors, optimizer_errors
 from blocklab.schema import schema_errors
 from blocklab.tasks import Task, build_task, task_errors
 from blocklab.tasks.base import SequenceTask
@@ -65,7 +65,8 @@ def _validated(config: RunConfig) -> "Setup":
     task = _task(_frozen(config["task"]), config["seed"], seq2seq, placement)
     model_cfg = _model_config(config, task, placement)
     # The model's own checks, then those between it and the task's training batch (BatchNorm's statistics).
-    errors = model_cfg.errors() or model_cfg.norm.batch_errors(task.batch_size)
+    errors = (model_cfg.errors() or model_cfg.norm.batch_errors(task.batch_size)
+              or model_errors(dict(config["optim"]), model_cfg.param.name))
     if errors:
         raise ConfigError("\n".join(errors))
     # The memory bound, from the model itself (built on the meta device: model/size.py).

@@ -75,7 +75,7 @@ def candidates() -> dict[str, dict]:
     nodes = {BASELINE: {}}
     for key, registry in registries().items():
         group, _, field_ = key.partition(".")
-        if group not in base or "." in field_:
+        if group not in base or "." in field_ or (group in NOT_MODEL and group not in SIZE_GROUPS):
             continue
         selected = {OmegaConf.select(base, key)}
         for option in [] if group in SIZE_GROUPS else _options(group):
@@ -177,8 +177,10 @@ def _resolve() -> str:
     return _names()
 
 
-# Groups that configure the run, not the model: never a modification.
-NOT_MODEL = ("task", "trainer", "logger", "diagnostics", "method", "experiment", "sweep", "model")
+# Groups that configure the run, not the model: never a modification. `param` says how init and learning rates scale
+# with width (sp or µP): a question of ladders across widths, not of one change at the sweep's one size. The optim
+# group's options (optim=muon) are modifications: they change how the model trains.
+NOT_MODEL = ("task", "trainer", "logger", "diagnostics", "method", "experiment", "sweep", "model", "param")
 
 
 def _cheap_nodes() -> dict[str, dict]:

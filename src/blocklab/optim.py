@@ -20,6 +20,14 @@ def own_options(optim: dict) -> dict:
     return {key: value for key, value in optim.items() if key not in SHARED_KEYS}
 
 
+def model_errors(optim: dict, param: str) -> list[str]:
+    """Between the optimizer and the model's parametrization (model.param)."""
+    if optim.get("name", "adamw") == "muon" and param != "sp":
+        return [f"optim=muon with param={param}: µP's per-layer learning rates are Adam's table (Yang et al. 2022), "
+                "and Muon scales its update by width itself (optim.adjust_lr); use param=sp with optim=muon"]
+    return []
+
+
 def optimizer_errors(optim: dict) -> list[str]:
     name = optim.get("name", "adamw")
     if name not in OPTIMIZERS:
@@ -34,19 +42,41 @@ def build_optimizer(model: nn.Module, optim: dict) -> torch.optim.Optimizer:
     return OPTIMIZERS[name](model, optim, **own_options(optim))
 
 
-def decay_groups(params: list[nn.Parameter], optim: dict) -> list[dict]:
-    """AdamW's two groups: matrices and embeddings decayed, vectors (biases, norm gains) not."""
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": optim["weight_decay"]},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+def optimizer_groups(model: nn.Module, params: list | None = None) -> dict[tuple[bool, float, float], list]:
+    """AdamW's parameter groups over `params` (default: all the model's), in its order: (decayed, lr multiplier,
+    weight-decay multiplier) -> parameters. The decayed (matrices and embeddings) at multipliers 1, the rest at 1
+    (both always there, as in checkpoints saved before param existed), then one group per other pair of multipliers
+    (param=mup's hidden weights: model/param.py; every multiplier is 1 under sp)."""
+    multipliers = model.cfg.param.rule().multipliers(model) if hasattr(model, "cfg") else {}
+    chosen = list(model.parameters()) if params is None else params
+    groups: dict[tuple[bool, float, float], list] = {(True, 1.0, 1.0): [], (False, 1.0, 1.0): []}
+    for decay in (True, False):
+        for p in chosen:
+            if (p.dim() >= 2) == decay:
+                groups.setdefault((decay, *multipliers.get(id(p), (1.0, 1.0))), []).append(p)
+    return groups
+
+
+def optimizer_params(model: nn.Module) -> list[list]:
+    """The parameters of each of AdamW's groups, in its order (optimizer_groups)."""
+    return list(optimizer_groups(model).values())
+
+
+def adamw_groups(model: nn.Module, optim: dict, params: list | None = None) -> list[dict]:
+    """optimizer_groups as AdamW's param_groups: weight decay on the decayed groups only, each group's lr and decay
+    times its multipliers."""
+    return [{"params": group, "lr": optim["lr"] * lr_mult,
+             "weight_decay": optim["weight_decay"] * wd_mult if decay else 0.0}
+            for (decay, lr_mult, wd_mult), group in optimizer_groups(model, params).items()]
 
 
 @OPTIMIZERS.register("adamw")
 def adamw(model: nn.Module, optim: dict) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings only. The fused kernel does the same update as the default
-    per-tensor loop in one pass over all parameters, which shortens a small model's CPU step markedly
+    """AdamW with weight decay on matrices and embeddings only, and each parameter's learning rate and decay times
+    the parametrization's multipliers (param=mup). The fused kernel does the same update as the default per-tensor
+    loop in one pass over all parameters, which shortens a small model's CPU step markedly
     (`python -m blocklab.bench step` times the step)."""
-    return torch.optim.AdamW(decay_groups(list(model.parameters()), optim), lr=optim["lr"],
-                             betas=tuple(optim["betas"]), fused=True)
+    return torch.optim.AdamW(adamw_groups(model, optim), lr=optim["lr"], betas=tuple(optim["betas"]), fused=True)
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -128,9 +158,8 @@ def saved_state_parts(model: nn.Module, state: dict) -> list[tuple[str, dict, li
         hidden_ids = {id(p) for p in hidden_matrices(model)}
         rest = [p for p in params if id(p) not in hidden_ids]
         return [("Muon's", state["muon"], [[p for p in params if id(p) in hidden_ids]], MUON_MOMENTS),
-                ("AdamW's", state["adamw"], [g["params"] for g in decay_groups(rest, {"weight_decay": 0.0})],
-                 ADAMW_MOMENTS)]
-    return [("AdamW's", state, [g["params"] for g in decay_groups(params, {"weight_decay": 0.0})], ADAMW_MOMENTS)]
+                ("AdamW's", state["adamw"], list(optimizer_groups(model, rest).values()), ADAMW_MOMENTS)]
+    return [("AdamW's", state, optimizer_params(model), ADAMW_MOMENTS)]
 
 
 @OPTIMIZERS.register("muon")
@@ -153,7 +182,7 @@ def muon(model: nn.Module, optim: dict, momentum: float = 0.95, nesterov: bool =
     rest = [p for p in model.parameters() if id(p) not in hidden_ids]
     inner_muon = torch.optim.Muon(hidden, lr=optim["lr"], weight_decay=optim["weight_decay"], momentum=momentum,
                                   nesterov=nesterov, ns_steps=ns_steps, adjust_lr_fn=adjust_lr)
-    inner_adamw = torch.optim.AdamW(decay_groups(rest, optim), lr=optim["lr"], betas=tuple(optim["betas"]),
+    inner_adamw = torch.optim.AdamW(adamw_groups(model, optim, rest), lr=optim["lr"], betas=tuple(optim["betas"]),
                                     fused=True)
     return MuonWithAdamW(inner_muon, inner_adamw)
 

@@ -258,6 +258,7 @@ SCHEMA: dict[str, Group] = {
     "act": Group({"name": Text(), "match_params": Bool()}),
     "ffn": Group({"name": Text()}, owner="the FFN kind (ffn.name)"),
     "init": Group({"name": Text(), "std": POSITIVE}),
+    "param": Group({"name": Text()}, owner="the parametrization (param.name)"),
     "task": Group({"name": Text()}, owner="the task (task.name)"),
     "optim": Group({
         "name": Text(), "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0),

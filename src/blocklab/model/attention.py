@@ -79,6 +79,7 @@ class Attention(nn.Module):
     caps_scores = False
     softcap = 0.0  # attn.softcap, set by build_attention
     mixes_values = True  # model.value_residual applies: its values are the 'v' rows of qkv_proj (not MLA's latent)
+    temperature = True  # self.scale is a softmax temperature (param=mup sets it to 1/d); False: the kind has none
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, scale: float | None = None,
                  qk_norm: bool = False, dropout: float = 0.0, bias: bool = True):
@@ -98,6 +99,11 @@ class Attention(nn.Module):
         self.output_gate: OutputGate | None = None  # attn.output_gate, set by build_attention
         self.value_residual: ValueResidual | None = None  # model.value_residual, set by build_attention
         self.last_weights: Tensor | None = None
+
+    @property
+    def qk_dim(self) -> int:
+        """The width of each query-key dot product, which the default scale is 1/sqrt of."""
+        return self.d_head
 
     @classmethod
     def label(cls, cfg) -> str:
@@ -285,6 +291,8 @@ def build_attention(cfg, layer: int = 0, cross: bool = False) -> Attention:
         options["layer"] = layer
     attention = kind(cfg.d_model, cfg.n_heads, cfg.attn.n_kv_heads, cfg.attn.scale_value(cfg.d_head),
                      cfg.attn.qk_norm, cfg.dropout, cfg.bias, **options)
+    if attention.temperature and cfg.attn.scale in (None, "default"):  # the kind's default scale: param's to set
+        attention.scale = cfg.param.rule().attention_scale(attention.scale, attention.qk_dim)
     if cfg.attn.short_conv:
         attention.short_conv = ShortConv(sum(attention.qkv_sizes), cfg.attn.short_conv)
     attention.softcap = float(cfg.attn.softcap)

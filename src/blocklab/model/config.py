@@ -12,11 +12,13 @@ from blocklab.model.attention import ATTENTION_KINDS
 from blocklab.model.ffn import ACTIVATIONS, FFN_KINDS
 from blocklab.model.init import INIT_SCHEMES, scheme_errors
 from blocklab.model.norm import NORM_TYPES, PLACEMENTS, batch_size_errors, norm_name
+from blocklab.model.param import PARAMETRIZATIONS
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES, PositionScheme
 from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors
 
-SUBGROUPS = ("norm", "pos", "attn", "act", "ffn_kind", "init")  # ModelConfig fields filled from their own yaml groups
+# ModelConfig fields filled from their own yaml groups
+SUBGROUPS = ("norm", "pos", "attn", "act", "ffn_kind", "init", "param")
 
 
 @dataclass
@@ -122,6 +124,20 @@ class InitConfig:
     std: float = 0.02
 
 
+@dataclass
+class ParamConfig:
+    """The `param` group: how init, learning rates and multipliers scale with width (param.PARAMETRIZATIONS). A
+    model.json saved before the group existed has none: the default, sp, is what those runs trained."""
+
+    name: str = "sp"
+    options: dict[str, Any] = field(default_factory=dict)  # the parametrization's own (mup: base_width)
+
+    def rule(self):
+        """The parametrization with its options (one object: attention scale, readout, init, lr multipliers)."""
+        entry = PARAMETRIZATIONS[self.name]
+        return entry(**{**PARAMETRIZATIONS.options(self.name), **self.options})
+
+
 def old_run_options(registry, name, options: dict) -> dict:
     """A variant's options as saved by an older BlockLab, each key added since given the value that keeps what the
     run computed (the entry's classmethod `old_run_options`; unchanged where it has none)."""
@@ -174,6 +190,7 @@ class ModelConfig:
     act: ActConfig = field(default_factory=ActConfig)
     ffn_kind: FfnConfig = field(default_factory=FfnConfig)  # the `ffn` group (model.ffn is whether there is one)
     init: InitConfig = field(default_factory=InitConfig)
+    param: ParamConfig = field(default_factory=ParamConfig)
 
     def __post_init__(self):
         if self.d_ff is None and isinstance(self.d_model, int) and self.d_model > 0:
@@ -233,6 +250,7 @@ class ModelConfig:
         model = dict(groups["model"])
         pos = dict(groups["pos"])
         ffn = dict(groups.get("ffn") or {})
+        param = dict(groups.get("param") or {})
         attn_fields = {f.name for f in fields(AttnConfig)} - {"options", "pattern_options"}
         attn = {k: v for k, v in groups["attn"].items() if k in attn_fields}
         extra = {k: v for k, v in groups["attn"].items() if k not in attn_fields}
@@ -254,6 +272,7 @@ class ModelConfig:
             act=ActConfig(**groups["act"]),
             ffn_kind=FfnConfig(name=ffn.pop("name", FfnConfig.name), options=ffn),
             init=InitConfig(**groups["init"]),
+            param=ParamConfig(name=param.pop("name", ParamConfig.name), options=param),
             **model,
         )
 
@@ -262,7 +281,7 @@ class ModelConfig:
         """Inverse of dataclasses.asdict (how runs save model.json). An option that a model.json written by an
         older BlockLab lacks reads as the behaviour that run trained with (the entry's `old_run_options`)."""
         parts = {"norm": NormConfig, "pos": PosConfig, "attn": AttnConfig, "act": ActConfig, "ffn_kind": FfnConfig,
-                 "init": InitConfig}
+                 "init": InitConfig, "param": ParamConfig}
         data = dict(data)
         for key, registry, field_name in (("pos", POSITION_SCHEMES, "name"), ("attn", ATTENTION_KINDS, "kind")):
             group = data.get(key)
@@ -293,8 +312,14 @@ class ModelConfig:
         if not errs:  # the norm type's options, the placement's and the init scheme's own constraints
             errs += NORM_TYPES.option_errors(self.norm.type, self.norm.options, "norm")
             errs += PLACEMENTS[self.norm.placement].errors(self) + scheme_errors(self)
-        return (errs + self._attention_errors() + self._ffn_errors()
+        return (errs + self._attention_errors() + self._ffn_errors() + self._param_errors()
                 + self._position_errors(heads_divide=not self.d_model % self.n_heads))
+
+    def _param_errors(self) -> list[str]:
+        if self.param.name not in PARAMETRIZATIONS:
+            return [PARAMETRIZATIONS.unknown(self.param.name)]
+        return (PARAMETRIZATIONS.option_errors(self.param.name, self.param.options, "param")
+                or self.param.rule().errors(self))
 
     def _fields_by_group(self) -> list[tuple[str, dict]]:
         """This config's fields as the yaml groups hold them, for the schema's checks."""
@@ -303,7 +328,8 @@ class ModelConfig:
         attn = {key: getattr(self.attn, key) for key in SCHEMA["attn"].keys}
         norm = {k: v for k, v in asdict(self.norm).items() if k != "options"}
         return [("model", model), ("norm", norm), ("attn", attn), ("act", asdict(self.act)),
-                ("ffn", {"name": self.ffn_kind.name}), ("init", asdict(self.init))]
+                ("ffn", {"name": self.ffn_kind.name}), ("init", asdict(self.init)),
+                ("param", {"name": self.param.name})]
 
     def _ffn_errors(self) -> list[str]:
         name = self.ffn_kind.name

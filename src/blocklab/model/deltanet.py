@@ -83,6 +83,8 @@ class DeltaNet(RotaryOption, RecurrentAttention):
     off, as in the paper: RotaryOption), qk_activation (silu, flash-linear-attention's default, or none: applied to
     q and k before their L2 norm) and v_activation (silu, as flash-linear-attention's layer always does, or none)."""
 
+    temperature = False  # unit queries and keys: param=mup sets the projections only
+
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
                  chunk: int = 32, rotary: bool = False, qk_activation: str = "silu", v_activation: str = "silu"):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)

@@ -74,6 +74,8 @@ class GatedLinearAttention(RotaryOption, RecurrentAttention):
     low rank of the gate), gate_temperature (tau = 16: alpha = sigmoid(.)^(1/tau) stays near 1, a slow decay) and
     rotary (RoPE on q and k; off, as in the paper: RotaryOption)."""
 
+    temperature = False  # q's 1/sqrt(d_head) is no softmax temperature: param=mup sets the projections only
+
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
                  chunk: int = 8, gate_rank: int = 16, gate_temperature: float = 16.0, rotary: bool = False):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)

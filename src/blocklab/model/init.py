@@ -9,6 +9,7 @@ from blocklab.model.attention import Attention
 from blocklab.model.block import Residual
 from blocklab.model.ffn import FFN
 from blocklab.model.norm import PLACEMENTS, deepnorm_beta
+from blocklab.model.param import PARAMETRIZATIONS
 from blocklab.registry import Registry
 
 
@@ -70,6 +71,11 @@ def init_gpt2(model, cfg):
     _normal(model, cfg.init.std)
     for layer in branch_outputs(model):
         nn.init.normal_(layer.weight, 0.0, cfg.init.std / math.sqrt(2 * cfg.n_layers))
+
+
+# Schemes whose std does not depend on width: param=mup reads it as the std at its base width and scales from there.
+for _scheme in (init_normal, init_gpt2):
+    _scheme.constant_std = True
 
 
 @INIT_SCHEMES.register("xavier")
@@ -160,12 +166,22 @@ def _zeroed_branch_errors(cfg) -> list[str]:
 
 init_fixup.errors = _zeroed_branch_errors
 init_zero_branch.errors = _zeroed_branch_errors
+init_zero_branch.constant_std = True
 
 
 def scheme_errors(cfg) -> list[str]:
-    """The chosen init scheme's constraints on the rest of the model config (one line each)."""
-    check = getattr(INIT_SCHEMES[cfg.init.name], "errors", None)
-    return check(cfg) if check is not None else []
+    """The chosen init scheme's constraints on the rest of the model config (one line each), and the
+    parametrization's on the scheme: µP scales a width-free std from its base width, so a scheme whose std already
+    depends on width (Xavier, Kaiming, 1/sqrt(d)) would be scaled twice."""
+    scheme = INIT_SCHEMES[cfg.init.name]
+    check = getattr(scheme, "errors", None)
+    errs = check(cfg) if check is not None else []
+    param = PARAMETRIZATIONS.get(cfg.param.name)
+    if param is not None and param.scales_init and not getattr(scheme, "constant_std", False):
+        fits = [name for name in INIT_SCHEMES if getattr(INIT_SCHEMES[name], "constant_std", False)]
+        errs.append(f"init={cfg.init.name} sets a std that depends on width, which param={cfg.param.name} sets itself "
+                    f"from the std at its base width; use init={' or init='.join(fits)}, or param=sp")
+    return errs
 
 
 def apply_init(model, cfg):
@@ -177,3 +193,4 @@ def apply_init(model, cfg):
         with torch.no_grad():
             for weight in deepnet_scaled(model):
                 weight.mul_(gain)
+    cfg.param.rule().rescale_init(model)  # µP: from the base width's std to this width's

@@ -208,6 +208,7 @@ class LinearAttention(KernelAttention):
     the unrotated denominator stays positive (the weights no longer sum to 1 exactly)."""
 
     rotates_features = True
+    temperature = False  # param=mup sets the projections only
 
     @classmethod
     def errors(cls, cfg, options):

@@ -52,6 +52,10 @@ class MultiHeadLatentAttention(Attention):
     per_head_qk = False  # no W_K per head: bounds read from per-head q/k projections (analysis) do not apply
     mixes_values = False  # its values are read from the latent: model.value_residual does not apply
 
+    @property
+    def qk_dim(self) -> int:
+        return self.d_head + self.rope_dim  # content and decoupled RoPE parts (eq. 17's scale)
+
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
                  kv_rank: int | None = None, rope_dim: int | None = None, latent_norm: bool = True):
         super().__init__(d_model, n_heads, None, scale, qk_norm, dropout, bias)

@@ -16,6 +16,7 @@ from blocklab.model.ffn import dropout_layer
 from blocklab.model.init import apply_init
 from blocklab.model.mask import cross_attention_context, self_attention_context
 from blocklab.model.norm import PLACEMENTS, apply_norm, build_norm
+from blocklab.model.param import Readout
 from blocklab.model.patterns import build_pattern
 from blocklab.model.position import build_position
 
@@ -55,7 +56,8 @@ class Transformer(nn.Module):
         self.drop = dropout_layer(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.final_norm = _final_norm(cfg)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # The readout multiplier: 1, or under param=mup base_width / d_model (mup's MuReadout, MuSharedReadout if tied).
+        self.head = Readout(cfg.d_model, cfg.vocab_size, cfg.param.rule().readout_multiplier(cfg))
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
         apply_init(self, cfg)

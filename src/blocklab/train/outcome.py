@@ -20,6 +20,7 @@ def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true",
     return {
         "norm": model_cfg.norm.name, "pos": model_cfg.pos.name, "act": model_cfg.act.name,
         "attn": model_cfg.attn_label, "init": model_cfg.init.name, "ffn": model_cfg.ffn_label,
+        "param": model_cfg.param.name,
         "n_heads": model_cfg.n_heads, "n_layers": model_cfg.n_layers, "d_model": model_cfg.d_model, "seed": seed,
         "n_kv_heads": model_cfg.attn.n_kv_heads or model_cfg.n_heads, "d_ff": model_cfg.d_ff,
         "norm_type": model_cfg.norm.type, "norm_placement": model_cfg.norm.placement,
