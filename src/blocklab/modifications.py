@@ -172,9 +172,19 @@ def _names() -> str:
     return ",".join(plan().jobs)
 
 
-def _resolve() -> str:
-    """`${modifications:}`: the modifications that apply, comma-separated (a sweep over +modification)."""
-    return _names()
+def _resolve(*wanted: str) -> str:
+    """`${modifications:}`: the modifications that apply, comma-separated (a sweep over +modification);
+    `${modifications:baseline,attn-diff}`: those named, each of which must apply (a sweep of a few, as `frontier`)."""
+    if not wanted:
+        return _names()
+    jobs = _names().split(",")
+    missing = [name for name in wanted if name not in jobs]
+    if missing:
+        from blocklab.errors import ConfigError
+
+        raise ConfigError(f"${{modifications:...}} names {missing}, which are not modifications of the LLaMA-style "
+                          f"LM; use names of {jobs}")
+    return ",".join(wanted)
 
 
 # Groups that configure the run, not the model: never a modification. `param` says how init and learning rates scale
