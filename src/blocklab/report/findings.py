@@ -5,7 +5,8 @@
                   time, the commit and date of generation, the study block) then one line per job with only the
                   fields of results.json the page uses;
   <sweep>.md      rendered ONLY from that file through templates/findings.md.j2;
-  <sweep>.png     its figure, drawn from that file too.
+  <sweep>.png     its figures (then <sweep>.1.png, ...), one per plot its sweep's `plots:` names, drawn from that file
+                  too by report/figures.py, the HTML report's plot kinds.
 `--rerender` renders every page (and the index, docs/findings/README.md) again from the committed files, so a page
 cannot drift from its data (tests/test_findings.py fails on any difference). A sweep with no committed data gets a
 page whose first line says it is not measured yet, built from its sweep file alone: no number is invented.
@@ -17,9 +18,8 @@ blocklab.folder with OUT as the root, so a link planted below OUT is refused, ne
 (its lock held) is left out.
 
 The jsonl is written and read by findings_data.py, the claims judged by judge.py, the table of settings built by
-page_tables.py; this module renders the page, its figure and the index."""
+page_tables.py, the figures drawn by figures.py; this module renders the page and the index."""
 import glob
-import io
 import json
 import re
 from collections import Counter
@@ -31,15 +31,16 @@ from markupsafe import Markup
 from blocklab import folder, study_folder
 from blocklab.errors import ConfigError
 from blocklab.paths import CONF_DIR
-from blocklab.report import stats
-from blocklab.report.build import _direction, learning_note, metrics_spec
+from blocklab.report import figures, stats
+from blocklab.report.build import learning_note, metrics_spec
 from blocklab.report.collect import RUNNING
-from blocklab.report.common import name as setting_name, order
+from blocklab.report.common import order
+from blocklab.report.figures_data import figure_record, lowest_seeds
 from blocklab.report.findings_data import (FORMAT, _planned, _results, job_record, meta_record,  # noqa: F401
                                            read_jsonl, studies_error, study_error)
 from blocklab.report.judge import KEPT, OUTCOMES, also, judge, judge_page, learned  # noqa: F401 (judge, also: the API)
-from blocklab.report.judge import groups_of as _groups, keys_of as _keys, metric_of as _metric
-from blocklab.report.page_tables import _against_baseline, _table, _tuned_table, at_best, tuned, verdict_metric
+from blocklab.report.judge import groups_of as _groups, keys_of as _keys
+from blocklab.report.page_tables import _against_baseline, _table, _tuned_table, at_best, tuned
 from blocklab.report.recall import FRACTION
 
 SWEEPS = CONF_DIR / "sweep"
@@ -104,11 +105,13 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
     written = []
     for name, study, members, keys, metrics in plans:
         results = [_results(r["run"]) for r in members]
-        records = [job_record(r, res, keys, metrics) for r, res in zip(members, results)]
+        plots, maps = study.get("plots") or [], lowest_seeds(members, keys)
+        records = [{**job_record(r, res, keys, metrics), "figure": figure_record(r, plots, r["run"] in maps)}
+                   for r, res in zip(members, results)]
         records.sort(key=lambda j: (tuple(order(v) for v in j["setting"].values()), order(j["seed"]), j["job"]))
         extra = _planned([str(j["setting"].get("modification")) for j in records
                           if j.get("status") == "completed"]) if "modification" in keys else {}
-        meta = meta_record(name, study, members, results, extra)
+        meta = {**meta_record(name, study, members, results, extra), **figures.page_context(study, sweep_dir)}
         stem = meta["sweep"]
         data = folder.write_text(out, f"{stem}.jsonl", "".join(json.dumps(x, sort_keys=True, allow_nan=False) + "\n"
                                                                  for x in [meta, *records]))
@@ -153,7 +156,7 @@ def other_scales(data: Path, meta: dict) -> list[dict]:
     return sorted(rows, key=lambda r: r["scale"])
 
 
-def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[dict] = ()) -> str:
+def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[dict] = ()) -> str:
     """A measured page, from its jsonl (and, for a 1x page, the verdicts of its other scales' jsonl)."""
     groups = _groups(meta, jobs)
     verdicts = judge_page(meta, jobs)
@@ -169,7 +172,7 @@ def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[d
         tuned=best is not None, range_fraction=f"{FRACTION:g}", verdict=verdicts[0].sentence,
         also=[(OUTCOMES[v.outcome], v.sentence) for v in verdicts[1:]], comparisons=rows,
         claims=len(rows), floor=verdicts[0].floor, flips=stats.MIN_FLIP_PAIRS, cl_formula=stats.CL_FORMULA,
-        outcome=OUTCOMES[verdicts[0].outcome], figure=figure, failed=failed, diverged=diverged, settings=len(groups),
+        outcome=OUTCOMES[verdicts[0].outcome], figures=figure or [], failed=failed, diverged=diverged, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
         seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
         not_run=meta.get("not_run") or [], scales=list(scales))
@@ -190,134 +193,47 @@ def render_unmeasured(name: str) -> str:
                                                                 verdict=study.get("verdict") or {})
 
 
-# ---------------------------------------------------------------- the figure
-def draw(meta: dict, jobs: list[dict]) -> bytes | None:
-    """The figure that answers the question, from the jsonl: the verdict's metric against length per setting
-    (exact match, or loss for an LM) where the jobs were evaluated at several lengths and the metric is one beyond
-    training, else each setting's mean and 95% interval. Deterministic PNG bytes (no software or date stamp)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = _groups(meta, jobs)
-    groups = at_best(meta, groups, tuned(meta, groups))
-    if not groups:
-        return None
-    keys, study = _keys(meta), meta["study"]
-    verdict = study.get("verdict") if isinstance(study.get("verdict"), dict) else {}
-    metric = verdict_metric(meta)
-    learn = learned(groups)
-    lengths = sorted({e["length"] for j in jobs for e in j["eval"] if e.get("length") is not None})
-    column = "exact_match" if "exact_match" in metric else "loss" if "loss" in metric else None
-    with plt.rc_context({"svg.hashsalt": "blocklab", "font.size": 9}):
-        curves, split = metric.endswith("_out") or verdict.get("figure") == "by_length", None
-        if curves and column and len(lengths) > 2 and not study.get("baseline"):
-            # verdict.figure=by_length: one panel per value of the verdict's `where` key (zero-shot, fine-tuned...)
-            split = next((k for k in verdict.get("where") or {} if k in keys), None) if not metric.endswith("_out") else None
-            panels = sorted({key[keys.index(split)] for key in groups}, key=order) if split else [None]
-            fig, axes = plt.subplots(1, len(panels), figsize=(9 if split is None else 6 * len(panels), 4.2), dpi=100,
-                                     squeeze=False, sharey=True)
-            named = [k for k in keys if k != split]
-            for ax, panel in zip(axes[0], panels):
-                for key, members in groups.items():
-                    if split is not None and key[keys.index(split)] != panel:
-                        continue
-                    xs, means, lows, highs = [], [], [], []
-                    for n in lengths:
-                        values = stats.finite([e.get(column) for j in members for e in j["eval"] if e.get("length") == n])
-                        if values:
-                            xs.append(n), means.append(sum(values) / len(values)), lows.append(min(values)), highs.append(max(values))
-                    not_learned = key in learn and not learn[key].learned
-                    shown = tuple(v for k, v in zip(keys, key) if k != split)
-                    label = (setting_name(named, shown) or "all runs") + (" (not learned)" if not_learned else "")
-                    line, = ax.plot(xs, means, marker="o", markersize=3, linestyle="--" if not_learned else "-", label=label)
-                    ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15, linewidth=0)
-                trained = [e["length"] for j in jobs for e in j["eval"] if e.get("in_distribution")]
-                if trained:
-                    ax.axvline(max(trained), color="grey", linewidth=0.8, linestyle=":")
-                ax.set_xlabel("length (dotted: longest trained)")
-                ax.legend(fontsize=7, ncol=2)
-                if split is not None:
-                    ax.set_title(f"{meta['sweep']}: {setting_name([split], (panel,))}", fontsize=9)
-                    ax.grid(alpha=0.3)
-            axes[0][0].set_ylabel(f"{column}, mean over seeds (band: seed range)")
-        else:
-            estimates = [(setting_name(keys, k) or "all runs", stats.estimate([_metric(j, metric) for j in m]))
-                         for k, m in groups.items()]
-            estimates = [(label, e) for label, e in estimates if e is not None]
-            if not estimates:
-                return None
-            estimates.sort(key=lambda le: le[1].mean, reverse=_direction(metric) is False)
-            against = verdict.get("against")  # a second panel: the metric against this one (memory, state)
-            state = isinstance(against, str) and any(_metric(j, against) is not None for m in groups.values() for j in m)
-            fig, axes = plt.subplots(1, 2 if state else 1, figsize=(14 if state else 9, max(3.4, 1.6 + 0.28 * len(estimates)) if state else 1.2 + 0.28 * len(estimates)),
-                                     dpi=100, squeeze=False, width_ratios=[3, 2] if state else None)
-            ax = axes[0][0]
-            if state:
-                _against(axes[0][1], keys, groups, metric, against)
-            ys = range(len(estimates))
-            for y, (label, e) in zip(ys, estimates):
-                if e.has_interval:
-                    ax.plot([e.low, e.high], [y, y], color="C0", linewidth=2, alpha=0.5)
-                ax.plot(e.values, [y] * e.n, "|", color="C0", markersize=7)
-                ax.plot([e.mean], [y], "o", color="C1", markersize=4)
-            ax.set_yticks(list(ys), [label for label, _ in estimates], fontsize=7)
-            ax.set_xlabel(f"{metric}: mean (dot), 95% interval (bar), seeds (ticks)")
-        if split is None:
-            ax.set_title(meta["sweep"], fontsize=9)
-            ax.grid(alpha=0.3)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", metadata={"Software": None})
-        plt.close(fig)
-    return buf.getvalue()
+# ---------------------------------------------------------------- the figures
+def draw(meta: dict, jobs: list[dict]) -> list[tuple[str | None, bytes]]:
+    """The page's figures from its jsonl (report/figures.py: one per plot its sweep's `plots:` names, as the sweep
+    file names them now: a plot is presentation, not what a job trains), each with the sentence of what it shows.
+    Deterministic PNG bytes (no software or date stamp)."""
+    return figures.page_pngs(meta, jobs, sweep_plots(meta["study"].get("name")) or meta["study"].get("plots") or [])
 
 
-def _against(ax, keys: list[str], groups, metric: str, x_metric: str) -> None:
-    """The metric against another per setting (study.verdict.against; log scale), e.g. against the decoding state
-    or cache each setting needs: the recall-memory trade-off as Zoology (Arora et al. 2024, fig. 2) and Based draw
-    it. One point per setting, a hollow marker where it did not learn."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+def sweep_plots(name) -> list:
+    """A sweep file's `plots:`, or those of the sweep its defaults extend (init_depth_rezero: init_depth's)."""
+    from omegaconf import OmegaConf
 
-    learn = learned(groups)
-    for i, (key, members) in enumerate(groups.items()):
-        e, x = stats.estimate([_metric(j, metric) for j in members]), stats.estimate([_metric(j, x_metric) for j in members])
-        if e is None or x is None:
-            continue
-        ok = key not in learn or learn[key].learned
-        ax.plot([x.mean], [e.mean], "osD^v<>ph*"[i % 10], color=f"C{i % 10}", markersize=6,
-                fillstyle="full" if ok else "none", label=setting_name(keys, key) or "all runs")
-    ax.set_xscale("log", base=2)  # ticks at powers of two: 16, 32, 64 KiB...
-    if "bytes" in x_metric:
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1024:g} KiB" if v >= 1024 else f"{v:g} B"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel(f"{x_metric} (log)")
-    ax.set_ylabel(f"{metric} (hollow: not learned)")
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    ax.grid(alpha=0.3)
+    if name not in sweep_names():
+        return []
+    config = OmegaConf.to_container(OmegaConf.load(SWEEPS / f"{name}.yaml"), resolve=False)
+    if (config.get("study") or {}).get("plots"):
+        return config["study"]["plots"]
+    bases = [d for d in config.get("defaults") or [] if isinstance(d, str) and d != name and d in sweep_names()]
+    return sweep_plots(bases[0]) if bases else []
+
+
+def _figures(data: Path, drawn: list) -> list[tuple[str, str | None]]:
+    """The page's figure files and captions, in the order of its `plots:`."""
+    return [(figures.page_png_name(data.stem, i), note) for i, (note, _) in enumerate(drawn)]
 
 
 # ---------------------------------------------------------------- writing and re-rendering
 def write_page(data: Path) -> list[Path]:
     """The page and figure of one findings file, beside it (through blocklab.folder, its folder the root)."""
     meta, jobs = read_jsonl(data)
-    png = draw(meta, jobs)
-    written = []
-    figure = None
-    if png is not None:
-        written.append(folder.write_bytes(data.parent, data.with_suffix(".png").name, png))
-        figure = written[0].name
+    drawn = draw(meta, jobs)
+    written = [folder.write_bytes(data.parent, name, png) for (name, _), (_, png) in zip(_figures(data, drawn), drawn)]
     page = folder.write_text(data.parent, data.with_suffix(".md").name,
-                             render_page(meta, jobs, figure, other_scales(data, meta)))
+                             render_page(meta, jobs, _figures(data, drawn), other_scales(data, meta)))
     return [data, page, *written]
 
 
 def page_text(data: Path) -> str:
     """A measured page as its data renders it now, with the figure already beside it (if any)."""
     meta, jobs = read_jsonl(data)
-    figure = data.with_suffix(".png").name if folder.exists(data.parent, data.with_suffix(".png").name) else None
-    return render_page(meta, jobs, figure, other_scales(data, meta))
+    return render_page(meta, jobs, _figures(data, draw(meta, jobs)), other_scales(data, meta))
 
 
 def sweep_names() -> list[str]:
@@ -345,9 +261,10 @@ def rerender(out: Path, figures: bool = True) -> list[Path]:
     changed = []
     for data in sorted(out.glob("*.jsonl")) if figures else []:
         meta, jobs = read_jsonl(data)
-        png, name = draw(meta, jobs), data.with_suffix(".png").name
-        if png is not None and _differs(out, name, png):
-            changed.append(folder.write_bytes(out, name, png))
+        drawn = draw(meta, jobs)
+        for (name, _), (_, png) in zip(_figures(data, drawn), drawn):
+            if _differs(out, name, png):
+                changed.append(folder.write_bytes(out, name, png))
     for path, text in expected(out).items():
         if _differs(out, path.name, text.encode("utf-8")):
             changed.append(folder.write_text(out, path.name, text))

@@ -16,7 +16,8 @@ from blocklab.report.collect import UnreadableRun
 from blocklab.report.common import order
 from blocklab.results import RESULTS_FILE, swept_overrides
 
-FORMAT = 1  # the jsonl layout; a page refuses a file of another
+FORMAT = 2  # the jsonl layout (2: each job's `figure` block, figures_data.figure_record); a page refuses another
+READABLE = (1, 2)  # format 1 reads as 2 without figure blocks: its figures say what was not recorded
 # The fields of results.json a page uses (and the eval rows' columns it reads); nothing else is kept.
 JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match", "final_val_loss", "params",
               "tokens_per_s", "train_time_s", "steps", "machine", "commit")
@@ -125,7 +126,7 @@ def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # FolderError: its own line
         raise ConfigError(f"{path}: unreadable ({type(err).__name__}); regenerate it with python -m blocklab.report "
                           "SWEEP_DIR --findings docs/findings") from None
-    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") not in READABLE:
         raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
                           "blocklab.report SWEEP_DIR --findings docs/findings")
     return lines[0], lines[1:]
