@@ -166,6 +166,24 @@ def test_activation_rms_against_depth_draws_one_line_per_init_and_depth():
     _assert_distinct_styles(fig)
 
 
+def test_panels_split_by_a_key_and_keep_each_lines_style_across_them():
+    """Exercise 1.12 at init_depth's size: 2 inits x 2 depths x 2 norms would be 8 lines on one axes; with
+    `panels: norm` each norm gets a panel of 4 lines, one y axis, and a line keeps its style in every panel."""
+    jobs = [_job({"init": init, "norm": norm}, 0, layers={"init": {"grad_ffn": [1.0 + k] * depth}},
+                 keys={"model.n_layers": depth})
+            for k, (init, depth) in enumerate([(i, d) for i in ("normal", "deepnet") for d in (12, 48)])
+            for norm in ("pre_ln", "post_ln")]
+    note, fig = _one(jobs, {"kind": "by_layer", "metric": "grad_ffn", "by": ["init"], "panels": "norm"})
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["norm=post_ln", "norm=pre_ln"]
+    styles = [{line.get_label(): (line.get_color(), line.get_linestyle()) for line in ax.get_lines()
+               if not line.get_label().startswith("_")} for ax in panels]
+    assert len(styles[0]) == 4 and styles[0] == styles[1] and len(set(styles[0].values())) == 4
+    assert panels[0].get_legend() is None and panels[1].get_legend() is not None  # one legend, beside the last
+    assert "norm=pre_ln: grad_ffn at init" in note
+    _assert_legends_outside(fig)
+
+
 def test_rank_collapse_is_drawn_on_a_log_axis_even_where_a_layer_reaches_zero():
     jobs = [_job({"model.residual": r}, 0, layers={"end": {"relative_residual": rel}}, keys={"model.n_layers": 3})
             for r, rel in ((False, [0.5, 1e-4, 0.0]), (True, [0.5, 0.4, 0.4]))]

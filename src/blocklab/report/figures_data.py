@@ -98,7 +98,7 @@ def attention_weights(row: dict, when: str):
 def figure_record(row: dict, plots: list[dict], with_maps: bool) -> dict:
     """A job line's `figure` block (format 2): what the sweep's plots read, as this run recorded it. `with_maps`:
     keep its attention weights (the lowest seed of its setting; one run's maps show the pattern)."""
-    names = {k for p in plots for k in [*_keys(p.get("by", [])), *(p.get("where") or {})]}
+    names = {k for p in plots for k in [*_keys(p.get("by", [])), *(p.get("where") or {}), *_keys(p.get("panels", []))]}
     names |= {"model.n_layers"} if any(p.get("kind") in ("by_layer", "spectral_bounds") for p in plots) else set()
     keys = {k: row.get(k) for k in sorted(names) if isinstance(row.get(k), (str, int, float, bool))}
     values = {}

@@ -98,11 +98,36 @@ def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
     return None
 
 
-@takes(when=WHEN, scale=Choice(("auto", "log", "linear"), noun="a y axis scale"))
+@takes(when=WHEN, scale=Choice(("auto", "log", "linear"), noun="a y axis scale"), panels=Text())
 def plot_by_layer(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """A per-layer diagnostic (at init or at the end, `when`), one line per setting and depth: the mean over
     seeds, the seed range shaded. `scale`: log (a decay over decades, e.g. rank collapse: zeros are left off),
-    linear, or auto (log where every value is positive). The note gives each line's first and last layer."""
+    linear, or auto (log where every value is positive). `panels`: a key whose values each get a panel of their
+    own, side by side on one y axis (init_depth: one per norm, so 6 inits x 2 depths stay readable). The note
+    gives each line's first and last layer."""
+    key = spec.get("panels")
+    if not key:
+        return _layers(ax, rows, spec, metric, by)
+    values = list(group(rows, [key]))
+    fig = ax.figure
+    ax.set_visible(False)  # kept, hidden: the figure gets a panel per value
+    fig.set_size_inches(4.2 * len(values) + 1.6, 3.8)
+    panels = fig.subplots(1, len(values), squeeze=False, sharey=True)[0]
+    # one style per line across the panels, so the last panel's legend names the lines of every panel
+    styles = dict(zip(group(rows, by + ["model.n_layers"]), STYLES()))
+    notes = []
+    for (value,), panel in zip(values, panels):
+        note = _layers(panel, [r for r in rows if r.get(key) == value], spec, metric, by, panel is panels[-1], styles)
+        panel.set_title(f"{_short(key)}={value}", fontsize=9)
+        notes.append(f"{_short(key)}={value}: {note}")
+    panels[0].set_ylabel(metric)
+    for panel in panels[1:]:
+        panel.set_ylabel("")
+    return " ".join(notes)
+
+
+def _layers(ax, rows: list[dict], spec: dict, metric: str, by: list[str], legend: bool = True,
+            styles: dict | None = None) -> str:
     when, keys = spec.get("when", "init"), by + ["model.n_layers"]
     drawn, ends = [], []
     for key, members in group(rows, keys).items():
@@ -111,7 +136,8 @@ def plot_by_layer(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) 
         if not series:
             continue
         per_layer = list(zip(*series))
-        (line,) = ax.plot(range(len(per_layer)), [sum(v) / len(v) for v in per_layer], label=_label(key))
+        (line,) = ax.plot(range(len(per_layer)), [sum(v) / len(v) for v in per_layer], label=_label(key),
+                          **(styles or {}).get(key, {}))
         _band(ax, range(len(per_layer)), [min(v) for v in per_layer], [max(v) for v in per_layer], line)
         drawn += [x for v in per_layer for x in v]
         means = [sum(v) / len(v) for v in per_layer]
@@ -123,7 +149,9 @@ def plot_by_layer(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) 
         ax.set_yscale("log", nonpositive="mask")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"layer (at {when}; shaded: min to max over seeds)")
-    _legend(ax, keys)
+    ax.set_ylabel(metric)
+    if legend:
+        _legend(ax, keys)
     return f"{metric} at {when}, first layer → last (mean over seeds): " + "; ".join(ends) + "."
 
 
