@@ -1,9 +1,10 @@
 """The `attention_maps` plot kind (exercise 1.2): the attention weights of the first probe example (layers x heads;
 diagnostics.attention_maps=end), one row per setting and one column per `when` (init, end), from the run with the
 lowest seed. Drawn from the weights the run recorded (results.json diagnostics.<when>.attention_weights, which a
-findings page keeps in its jsonl), else, in the HTML report of older runs, from the heatmap PNGs they saved. Its note gives, per setting, the mean over heads and seeds of
-attention entropy and mean |query - key| distance per layer, over the answer's queries where the diagnostics
-recorded them (else over every query), at the first and the last `when`.
+findings page keeps in its jsonl), else, in the HTML report of older runs, from the heatmap PNGs they saved. Its
+note gives, per setting, the mean over heads and seeds of attention entropy and mean |query - key| distance per
+layer, over the answer's queries where the diagnostics recorded them (else over every query), at the first and the
+last `when`.
 
 Study spec: {kind: attention_maps, metric: attention_maps, by: task, when: [init, end]}.
 
