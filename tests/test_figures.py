@@ -228,3 +228,22 @@ def test_a_collected_run_keeps_what_its_plots_read_and_the_page_draws_it_back():
     rows = page_rows([{**_job({"norm": "pre"}, r["seed"]), "figure": rec} for r, rec in zip(runs, records)])
     assert rows[1]["layers_init"]["grad_ffn"] == [0.1235, 0.2] and rows[1]["model.n_layers"] == 2
     assert math.isclose(rows[0]["diverged"], 0.0)
+
+
+def test_the_diagnostics_keep_the_first_heads_weights_as_numbers_beside_the_heatmaps(tmp_path):
+    """What attention_maps draws on a page: each layer's first MAX_HEADS_KEPT heads of the first probe example, as
+    numbers to 3 decimals; each row of a causal softmax still sums to 1 (to the rounding) with zeros above the
+    diagonal."""
+    import torch
+
+    from blocklab.train.diagnostics import MAX_HEADS_KEPT, write_measurement
+
+    t, heads = 5, MAX_HEADS_KEPT + 2
+    scores = torch.randn(heads, t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    weights = [scores.softmax(-1), scores.softmax(-1)]
+    out = write_measurement({"weights": weights, "layers": []}, tmp_path / "diagnostics", "end", maps=True)
+    kept = np.asarray(out["attention_weights"])
+    assert kept.shape == (2, MAX_HEADS_KEPT, t, t) and "weights" not in out and out["attention_maps"]
+    assert np.allclose(kept, weights[0][:MAX_HEADS_KEPT].numpy(), atol=5e-4)
+    assert np.allclose(kept.sum(-1), 1, atol=t * 5e-4) and np.all(np.triu(kept, 1) == 0)
+    assert "attention_weights" not in write_measurement({"weights": weights}, tmp_path / "d2", "end", maps=False)
