@@ -247,3 +247,15 @@ def test_the_diagnostics_keep_the_first_heads_weights_as_numbers_beside_the_heat
     assert np.allclose(kept, weights[0][:MAX_HEADS_KEPT].numpy(), atol=5e-4)
     assert np.allclose(kept.sum(-1), 1, atol=t * 5e-4) and np.all(np.triu(kept, 1) == 0)
     assert "attention_weights" not in write_measurement({"weights": weights}, tmp_path / "d2", "end", maps=False)
+
+
+def test_a_metric_plot_draws_the_reference_levels_its_runs_tasks_state():
+    """A bar of exact match draws copy's 0.9 bar, and a loss plot the LM's bigram and unigram losses, as grey lines
+    (learned.reference_lines reads them from the jsonl's `references`)."""
+    refs = {"learned": [{"name": "bigram", "metric": "loss", "value": 2.5}],
+            "lines": [{"name": "unigram", "metric": "loss", "value": 3.3}]}
+    jobs = [{**_job({"pos": p}, 0, {"final_val_loss": v}), "references": refs} for p, v in (("a", 2.0), ("b", 2.6))]
+    _, fig = _one(jobs, {"kind": "bar", "metric": "final_val_loss", "by": "pos"})
+    lines = [line for line in fig.axes[0].get_lines() if line.get_label() == "_reference"]
+    assert sorted(line.get_ydata()[0] for line in lines) == [2.5, 3.3]
+    assert {t.get_text() for t in fig.axes[0].texts} >= {"bigram 2.5", "unigram 3.3"}

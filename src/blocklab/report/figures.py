@@ -140,7 +140,35 @@ def page_figures(meta: dict, jobs: list[dict], plots: list[dict]) -> list[tuple[
     sweep's `plots:`), in that order, each with the sentence of what it shows."""
     rows = page_rows(jobs)
     plots = [p for p in plots if isinstance(p, dict) and p.get("kind") in PLOTS]
-    return [figure(rows, spec, meta.get("figure_context")) for spec in plots]
+    drawn = [figure(rows, spec, meta.get("figure_context")) for spec in plots]
+    for spec, (_, fig) in zip(plots, drawn):
+        if spec["kind"] in LEVELLED:
+            _reference_lines(fig, select_jobs(jobs, spec.get("where")), str(spec["metric"]))
+    return drawn
+
+
+# Kinds whose y axis is the plot's metric: the levels the runs' tasks state on it are drawn across them.
+LEVELLED = ("bar", "by_choice", "length_curve", "by_length", "tradeoff")
+
+
+def select_jobs(jobs: list[dict], where: dict | None) -> list[dict]:
+    return [j for j in jobs if all(str((j.get("setting") or {}).get(k, ((j.get("figure") or {}).get("keys") or {})
+                                                                      .get(k))) == str(v) for k, v in (where or {}).items())]
+
+
+def _reference_lines(fig: Figure, jobs: list[dict], metric: str) -> None:
+    """The reference levels the runs' tasks state on `metric` (learned.reference_lines: chance loss, the bigram
+    loss, the exact-match bar...), grey dotted across the axes, each named at its right end."""
+    from blocklab.report.learned import reference_lines
+
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    if len(axes) != 1:
+        return
+    ax = axes[0]
+    for level in reference_lines(jobs, metric):
+        ax.axhline(level.value, color="grey", linestyle=":", linewidth=1, label="_reference", zorder=3)
+        ax.annotate(f"{level.name} {level.value:g}", (1.0, level.value), xycoords=("axes fraction", "data"),
+                    xytext=(-2, 2), textcoords="offset points", ha="right", fontsize=7, color="dimgrey", zorder=3)
 
 
 def page_pngs(meta: dict, jobs: list[dict], plots: list[dict]) -> list[tuple[str | None, bytes]]:
