@@ -129,14 +129,16 @@ def test_the_plot_draws_the_seed_mean_and_the_min_max_band(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
-def test_eleven_settings_get_eleven_colours(tmp_path, monkeypatch):
-    runs = {f"scheme{k}": (8, {0: {4: 1.0, 8: k / 10}}) for k in range(11)}  # length_gen sweeps compare 11 methods
+def test_eleven_settings_never_share_colour_and_style(tmp_path):
+    """length_gen sweeps compare 11 methods: past tab10's 10 colours the line style changes (report/figures.py)."""
+    from blocklab.report.figures import figure
+
+    runs = {f"scheme{k}": (8, {0: {4: 1.0, 8: k / 10}}) for k in range(11)}
     rows = fabricate(tmp_path / "sweep", runs=runs)
-    drawn = []
-    monkeypatch.setattr(plt, "close", drawn.append)
-    plot(rows, {"kind": "length_curve", "metric": "exact_match", "by": "pos"}, tmp_path / "c.png")
-    lines = [line for line in drawn[0].axes[0].get_lines() if line.get_linestyle() != "--"]
-    assert len(lines) == 11 and len({plt.matplotlib.colors.to_hex(line.get_color()) for line in lines}) == 11
+    _, fig = figure(rows, {"kind": "length_curve", "metric": "exact_match", "by": "pos"})
+    lines = [line for line in fig.axes[0].get_lines() if not line.get_label().startswith("_")]  # not the verticals
+    styles = {(plt.matplotlib.colors.to_hex(line.get_color()), line.get_linestyle()) for line in lines}
+    assert len(lines) == 11 and len(styles) == 11
 
 
 def test_one_seed_per_setting_is_said_not_shaded(tmp_path):

@@ -8,6 +8,7 @@ import math
 import torch
 
 from blocklab.analysis.activations import OFF_EPS, curves, distinct, off_level
+from blocklab.report.figures_kinds import STYLES
 
 RANGE = (-4.0, 4.0)
 
@@ -18,10 +19,11 @@ def plot_activation_functions(ax, rows: list[dict], spec: dict, metric: str, by:
     ax.set_visible(False)
     fig.set_size_inches(11, 3.8)
     values, slopes = fig.subplots(1, 2)
+    values.set_prop_cycle(STYLES)  # the figure's one cycle: no two functions alike
     x = torch.linspace(*RANGE, 801, dtype=torch.float64)
     for (names, y, dy), (_, fn) in zip(curves(x), distinct()):
         (line,) = values.plot(x, y, label=" / ".join(names), linewidth=1.2)
-        slopes.plot(x, dy, color=line.get_color(), linewidth=1.2)
+        slopes.plot(x, dy, color=line.get_color(), linestyle=line.get_linestyle(), linewidth=1.2)
         level = off_level(fn)
         if RANGE[0] <= level < 0:  # where the flat tail begins (ReLU's, at 0, is its kink)
             values.plot([level], [float(fn(torch.tensor(level)))], marker="|", markersize=12, color=line.get_color())
@@ -43,3 +45,6 @@ def plot_activation_functions(ax, rows: list[dict], spec: dict, metric: str, by:
     return (f"A unit counts as off (ffn_off, and dead if off on every probe token) where its activation's whole lower "
             f"tail is within ε = {OFF_EPS} of zero: " + "; ".join(levels) + ". ReLU's zeros are exact; GELU and "
             "SiLU reach ε only far below 0, so at small pre-activations they are not sparse at all.")
+
+
+plot_activation_functions.needs_runs = False  # drawn from the registry: a page with no runs still shows it

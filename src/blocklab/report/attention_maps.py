@@ -1,8 +1,10 @@
-"""The `attention_maps` plot kind: the attention heatmaps the diagnostics saved (one PNG per measurement, layers x
-heads, first probe example; diagnostics.attention_maps=end), one row per setting and one column per `when`
-(init, end), from the run with the lowest seed. Its note gives, per setting, the mean over heads and seeds of
-attention entropy and mean |query - key| distance per layer, over the answer's queries where the diagnostics
-recorded them (else over every query), at the first and the last `when`.
+"""The `attention_maps` plot kind (exercise 1.2): the attention weights of the first probe example (layers x heads;
+diagnostics.attention_maps=end), one row per setting and one column per `when` (init, end), from the run with the
+lowest seed. Drawn from the weights the run recorded (results.json diagnostics.<when>.attention_weights, which a
+findings page keeps in its jsonl), else, in the HTML report of older runs, from the heatmap PNGs they saved. Its
+note gives, per setting, the mean over heads and seeds of attention entropy and mean |query - key| distance per
+layer, over the answer's queries where the diagnostics recorded them (else over every query), at the first and the
+last `when`.
 
 Study spec: {kind: attention_maps, metric: attention_maps, by: task, when: [init, end]}.
 
@@ -16,11 +18,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from matplotlib.colors import PowerNorm
 from matplotlib.image import imread
 
 from blocklab import folder
 from blocklab.errors import ConfigError
 from blocklab.report.common import WHEN, takes
+from blocklab.report.figures_data import attention_weights
 from blocklab.results import RESULTS_FILE
 from blocklab.schema import Spec
 
@@ -106,13 +110,20 @@ def plot_attention_maps(ax, rows: list[dict], spec: dict, metric: str, by: list[
     groups = defaultdict(list)
     for row in rows:
         groups[tuple(str(row.get(k)) for k in by)].append(row)
-    shown, skipped = [], []  # (label, seed, [image or None per when], members); maps left out
+    shown, skipped, firsts = [], [], []  # (label, seed, [image or None per when], members); maps left out
     for key, members in sorted(groups.items()):
         first = min(members, key=lambda m: (m.get("seed") is None, m.get("seed") or 0))
+        firsts.append(first)
+        recorded = any(attention_weights(first, w) for w in whens) or "run" not in first
         shown.append((", ".join(f"{k}={v}" for k, v in zip(by, key)), first.get("seed"),
-                      [_maps(first["run"], w, skipped) for w in whens], members))
+                      [None if recorded else _maps(first["run"], w, skipped) for w in whens], members))
     fig = ax.figure
     ax.set_visible(False)  # kept, hidden: the report still titles and labels it
+    numbers = [[attention_weights(first, w) for w in whens] for first in firsts]
+    if any(m for row in numbers for m in row):
+        _draw_weights(fig, [label for label, *_ in shown], [seed for _, seed, *_ in shown], whens, numbers)
+        return " ".join(f"{label}: {_numbers(members, whens)} (mean over heads and {len(members)} runs)."
+                        for label, _, _, members in shown)
     left_out = (f" Left out, as results.json names them: {'; '.join(skipped)}." if skipped else "")
     if not any(p is not None for *_, images, _ in shown for p in images):
         fig.text(0.5, 0.5, "no attention maps saved: run with diagnostics.attention_maps=end", ha="center")
@@ -138,3 +149,29 @@ def plot_attention_maps(ax, rows: list[dict], spec: dict, metric: str, by: list[
                 cell.imshow(image)
     return " ".join(f"{label}: {_numbers(members, whens)} (mean over heads and {len(members)} runs)."
                     for label, _, _, members in shown) + left_out
+
+
+def _draw_weights(fig, labels: list[str], seeds: list, whens: list[str], numbers: list[list]) -> None:
+    """One block per setting and `when`: its layers (rows) x heads (columns), one sqrt colour scale for the figure
+    (causal rows spread weight ~1/t, which a linear scale shows as one dark triangle)."""
+    shapes = [(len(m), len(m[0])) for row in numbers for m in row if m]
+    layers, heads = max(s[0] for s in shapes), max(s[1] for s in shapes)
+    fig.set_size_inches(min(MAX_WIDTH, 1.3 * heads * len(whens) + 0.8), 1.3 * layers * len(labels) + 0.5 * len(labels))
+    norm = PowerNorm(0.5, vmin=0, vmax=max(max(max(max(r) for r in h) for h in layer) for row in numbers
+                                            for m in row if m for layer in m))
+    blocks = fig.subfigures(len(labels), len(whens), squeeze=False)
+    for label, seed, row, block_row in zip(labels, seeds, numbers, blocks):
+        for when, maps, block in zip(whens, row, block_row):
+            block.suptitle(f"{label} (seed {seed}), at {when}", fontsize=9)
+            cells = block.subplots(layers, heads, squeeze=False)
+            for layer, cell_row in enumerate(cells):
+                for head, cell in enumerate(cell_row):
+                    cell.set_xticks([])
+                    cell.set_yticks([])
+                    if maps and layer < len(maps) and head < len(maps[layer]):
+                        cell.imshow(maps[layer][head], cmap="viridis", norm=norm, interpolation="nearest")
+                        cell.set_title(f"L{layer} H{head}", fontsize=7, pad=2)
+                    else:
+                        cell.axis("off")
+            if not maps:
+                block.text(0.5, 0.5, f"no weights recorded at {when}", ha="center", fontsize=8)

@@ -18,7 +18,8 @@ from blocklab.report.collect import UnreadableRun, saved_config
 from blocklab.report.common import order
 from blocklab.results import RESULTS_FILE, swept_overrides
 
-FORMAT = 1  # the jsonl layout; a page refuses a file of another
+FORMAT = 2  # the jsonl layout (2: each job's `figure` block, figures_data.figure_record); a page refuses another
+READABLE = (1, 2)  # format 1 reads as 2 without figure blocks: its figures say what was not recorded
 SWEEPS = CONF_DIR / "sweep"
 # A claim's keys that say how its learned gate applies (report/learned.py), not what it claims: where the data's
 # claim lacks one its sweep file now declares, the page takes it and says so (GATE_NOTE).
@@ -164,6 +165,21 @@ def sweep_study(name: str) -> dict:
     return OmegaConf.to_container(study, resolve=False)
 
 
+def sweep_plots(name) -> list:
+    """A sweep file's `plots:`, or those of the sweep its defaults extend (init_depth_rezero: init_depth's); [] for
+    a name no sweep file has. A plot is presentation, not what a job trains, so a page draws the file's plots now."""
+    from omegaconf import OmegaConf
+
+    names = {p.stem for p in SWEEPS.glob("*.yaml")}
+    if name not in names:
+        return []
+    config = OmegaConf.to_container(OmegaConf.load(SWEEPS / f"{name}.yaml"), resolve=False)
+    if (config.get("study") or {}).get("plots"):
+        return config["study"]["plots"]
+    bases = [d for d in config.get("defaults") or [] if isinstance(d, str) and d != name and d in names]
+    return sweep_plots(bases[0]) if bases else []
+
+
 def _claims(verdict) -> list:
     return [verdict, *(verdict.get("also") or [])] if isinstance(verdict, dict) else []
 
@@ -195,7 +211,7 @@ def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # FolderError: its own line
         raise ConfigError(f"{path}: unreadable ({type(err).__name__}); regenerate it with python -m blocklab.report "
                           "SWEEP_DIR --findings docs/findings") from None
-    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("format") not in READABLE:
         raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
                           "blocklab.report SWEEP_DIR --findings docs/findings")
     return with_gate_keys(lines[0]), lines[1:]

@@ -10,11 +10,11 @@ import glob
 from dataclasses import dataclass
 from pathlib import Path
 
-from blocklab import folder, study_folder
+from blocklab import study_folder
 from blocklab.report import stats
 from blocklab.report.build import _direction
 from blocklab.report.common import name as setting_name, order
-from blocklab.report.findings_data import SWEEPS, read_jsonl, sweep_study
+from blocklab.report.findings_data import SWEEPS, read_jsonl, sweep_plots, sweep_study
 from blocklab.report.claims import claims_line
 from blocklab.report.judge import KEPT, OUTCOMES, groups_of, judge, judge_page, keys_of, metric_of, rule
 from blocklab.report.learned import learned
@@ -214,7 +214,7 @@ def other_scales(data: Path, meta: dict) -> list[dict]:
 
 
 # ---------------------------------------------------------------- the page
-def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[dict] = ()) -> str:
+def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[dict] = ()) -> str:
     """A measured page, from its jsonl (and, for a 1x page, the verdicts of its other scales' jsonl)."""
     groups = groups_of(meta, jobs)
     verdicts = judge_page(meta, jobs)
@@ -231,7 +231,7 @@ def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[d
         not_learned=not_learned, levels=levels(jobs), notes=notes(meta), table=table, tuned=best is not None,
         range_fraction=f"{FRACTION:g}", verdicts=[(OUTCOMES[v.outcome], v.sentence) for v in verdicts],
         comparisons=rows, claims=len(rows), floor=verdicts[0].floor, flips=stats.MIN_FLIP_PAIRS,
-        cl_formula=stats.CL_FORMULA, outcome=OUTCOMES[verdicts[0].outcome], figure=figure, failed=failed,
+        cl_formula=stats.CL_FORMULA, outcome=OUTCOMES[verdicts[0].outcome], figures=figure or [], failed=failed,
         diverged=diverged, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
         seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
@@ -246,8 +246,16 @@ def render_unmeasured(name: str) -> str:
         notes=[str(n) for n in study.get("notes") or []])
 
 
+def figure_files(data: Path, meta: dict, jobs: list[dict]) -> list[tuple[str, str | None]]:
+    """The page's figures (report/figures.py: one per plot its sweep's `plots:` names): file name and caption."""
+    from blocklab.report import figures
+
+    plots = sweep_plots(meta["study"].get("name")) or meta["study"].get("plots") or []
+    return [(figures.page_png_name(data.stem, i), note)
+            for i, (note, _) in enumerate(figures.page_figures(meta, jobs, plots))]
+
+
 def page_text(data: Path) -> str:
-    """A measured page as its data renders it now, with the figure already beside it (if any)."""
+    """A measured page as its data renders it now, with its figures beside it."""
     meta, jobs = read_jsonl(data)
-    figure = data.with_suffix(".png").name if folder.exists(data.parent, data.with_suffix(".png").name) else None
-    return render_page(meta, jobs, figure, other_scales(data, meta))
+    return render_page(meta, jobs, figure_files(data, meta, jobs), other_scales(data, meta))

@@ -14,12 +14,19 @@ from blocklab.analysis.plots import attention_heatmaps
 from blocklab.analysis.probe import forward_stats, probe_gradients, sublayer_gradient_norms, summarize
 
 
+# Heads per layer whose weights a measurement keeps as numbers (the heatmap PNG shows every head): enough for a page
+# to show the pattern (report: attention_maps), few enough that 32 heads do not swell results.json.
+MAX_HEADS_KEPT = 4
+
+
 def write_measurement(stats: dict, out_dir: Path, tag: str, maps: bool) -> dict:
-    """Save heatmaps (if asked) and return the JSON-ready measurement."""
+    """Save heatmaps (if asked) and return the JSON-ready measurement; with the heatmaps, the first probe
+    example's weights as numbers too (layers x heads x queries x keys, 3 decimals, the first MAX_HEADS_KEPT heads)."""
     weights = stats.pop("weights", None)
     if maps and weights is not None:
         folder.make_dirs(out_dir.parent, out_dir.name)  # checked: no link in the run folder's diagnostics/
         stats["attention_maps"] = [str(p.relative_to(out_dir.parent)) for p in attention_heatmaps(weights, out_dir, tag)]
+        stats["attention_weights"] = [w[:MAX_HEADS_KEPT].double().round(decimals=3).tolist() for w in weights]
     return stats
 
 
