@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blocklab.registry import is_number
+from blocklab.schedule import schedule_errors
 
 
 class Spec:
@@ -94,6 +95,16 @@ class Keys(Spec):
     def accepts(self, value):
         return (isinstance(value, str) and bool(value)) or (
             isinstance(value, list) and all(isinstance(v, str) and v for v in value))
+
+
+@dataclass(frozen=True)
+class Fractions(Spec):
+    """A list of fractions in (0, 1] (a wsd trunk's branch points)."""
+
+    expect: str = "a list of fractions of the steps in (0, 1], e.g. [0.25, 0.5, 1.0]"
+
+    def accepts(self, value):
+        return isinstance(value, list) and all(is_number(v) and 0 < v <= 1 for v in value)
 
 
 @dataclass(frozen=True)
@@ -255,7 +266,11 @@ SCHEMA: dict[str, Group] = {
     "init": Group({"name": Text(), "std": POSITIVE}),
     "task": Group({"name": Text()}, owner="the task (task.name)"),
     "optim": Group({
-        "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0)}),
+        "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0),
+        # the learning-rate schedule and its options (blocklab/schedule.py checks them: _cross_errors)
+        "schedule": Text(), "cooldown": Number(0), "cooldown_shape": Text(),
+        "branch_points": Fractions(), "branch_from": Nullable(Text(), "not a branch"),
+        "branch_step": Nullable(Int(1), "not a branch")}),
     "trainer": Group({
         "_target_": Choice(("lightning.pytorch.Trainer",)), "accelerator": Choice(("cpu", "gpu", "cuda", "mps", "auto")),
         "devices": Either(POSITIVE_INT, Choice(("auto",))), "num_nodes": POSITIVE_INT,
@@ -342,6 +357,8 @@ def _cross_errors(config: dict) -> list[str]:
     if "min_lr" in optim and "lr" in optim and optim["min_lr"] > optim["lr"]:
         errors.append(f"optim.min_lr={optim['min_lr']} must be at most optim.lr={optim['lr']}")
     trainer = config["trainer"]
+    if isinstance(trainer.get("max_steps"), int):
+        errors += schedule_errors(optim, trainer["max_steps"])
     if trainer.get("max_steps") == 0 and trainer.get("resume_from") is None:
         errors.append("trainer.max_steps=0 trains nothing and needs trainer.resume_from=RUN (whose weights it evaluates "
                       "under this config); set trainer.resume_from or a positive number of steps")
