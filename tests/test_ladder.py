@@ -14,7 +14,7 @@ from blocklab.results import val_loss_curve
 from tests.conftest import run_cli
 
 SWEEP = ["sweep=activations_ladder"]
-RUNGS = {"d32": (32, 2), "d48": (48, 3), "d64": (64, 4), "d96": (96, 6), "d128": (128, 8)}
+RUNGS = {"d16": (16, 2), "d24": (24, 3), "d32": (32, 4), "d48": (48, 6), "d64": (64, 8)}
 
 
 def test_the_launch_expands_a_ladder_into_one_job_per_setting_rung_and_seed(tmp_path):
@@ -52,11 +52,11 @@ def check(tmp_path, *extra: str) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("extra, message", [
     (["optim.warmup_steps=${model.d_model}"],
-     r"rungs d32 and d48 differ in optim.warmup_steps \(32 against 48\), which is not a declared size key"),
-    (["study.ladder.sizes=[model.d_model]"], "rung d32 sets model.n_heads, which study.ladder.sizes does not declare"),
-    (["model.d_model=64"], r"model.d_model is 64 in rung d32, whose value is 32: set model.d_model: \$\{ladder"),
-    (["trainer.max_steps=50"], "trainer.max_steps is 50 in rung d32, but the ladder's budget rule gives 100"),
-    (["~study.ladder.rungs.d128"], "study.ladder has 4 rungs; a fit of E \\+ A N\\^-alpha per setting needs at least 5"),
+     r"rungs d16 and d24 differ in optim.warmup_steps \(16 against 24\), which is not a declared size key"),
+    (["study.ladder.sizes=[model.d_model]"], "rung d16 sets model.n_heads, which study.ladder.sizes does not declare"),
+    (["model.d_model=64"], r"model.d_model is 64 in rung d16, whose value is 16: set model.d_model: \$\{ladder"),
+    (["trainer.max_steps=50"], "trainer.max_steps is 50 in rung d16, but the ladder's budget rule gives 100"),
+    (["~study.ladder.rungs.d64"], r"study.ladder has 4 rungs; a fit of E \+ A N\^-alpha per setting needs at least 5"),
 ])
 def test_the_launch_refuses_a_ladder_that_drifts(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message):
@@ -77,8 +77,9 @@ def rung_configs(warmups: list[int]) -> tuple[list[list[str]], list[dict]]:
     for (name, sizes), warmup in zip(rungs.items(), warmups):
         study = {"name": "x", "scale": 1, "rung": name, "ladder": {"sizes": ["model.d_model"], "rungs": rungs,
                                                                    "budget": budget}}
-        configs.append({"study": study, "task": {"batch_size": 4, "block_size": 64}, "model": {"d_model": sizes["model.d_model"]},
-                        "optim": {"warmup_steps": warmup}, "trainer": {"max_steps": 16, "val_check_interval": 4}})
+        configs.append({"study": study, "task": {"batch_size": 4, "block_size": 64},
+                        "model": {"d_model": sizes["model.d_model"]}, "optim": {"warmup_steps": warmup},
+                        "trainer": {"max_steps": 16, "val_check_interval": 4}})
         jobs.append(["act=gelu", f"study.rung={name}", "seed=0"])
     return jobs, configs
 

@@ -125,3 +125,24 @@ def test_paired_seeds_draw_the_same_seeds():
     rungs = [Rung(n, {0: 1.0, 1: 2.0, 2: 3.0}) for n in NS]
     means = scaling.resample_means({"a": rungs, "b": rungs}, resamples=50)
     assert np.array_equal(means["a"], means["b"])
+
+
+def test_ladder_section_from_rows():
+    """report/ladder_page.py on rows as collect.py makes them: the reversing pair above, as a sweep of act=a,b."""
+    from blocklab.report.ladder_page import ladder_rungs, ladder_section
+
+    rng = np.random.default_rng(5)
+    laws = {"a": law(1.8, A_CROSS, 0.5), "b": B_LAW}
+    rungs = {f"r{i}": n for i, n in enumerate(NS)}
+    rows = [{"status": "completed", "act": act, "seed": seed, "study.rung": rung, "params": int(n),
+             "final_val_loss": float(curve(n) + rng.normal(0, 0.002))}
+            for act, curve in laws.items() for rung, n in rungs.items() for seed in SEEDS]
+    rows.append({"status": "failed", "act": "a", "seed": 0, "study.rung": "r0"})
+    study = {"compare": ["act"], "ladder": {"rungs": dict.fromkeys(rungs, {})},
+             "verdict": {"claim": "a beats b", "better": {"act": "a"}, "than": {"act": "b"}}}
+    settings = ladder_rungs(rows, study)
+    assert list(settings) == ["a", "b"] and [r.n for r in settings["a"]] == NS
+    text, png = ladder_section(rows, study, figure="ladder.png", resamples=200)
+    assert "**Transfer verdict: reverses within the measured range: crosses near N_x = 1.01e+05" in text
+    assert "Decision accuracy, smallest against largest rung" in text and "0.00 [0.00, 0.00]" in text
+    assert png.startswith(b"\x89PNG") and ladder_section(rows, study, figure="ladder.png", resamples=200)[1] == png

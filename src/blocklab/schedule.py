@@ -80,21 +80,15 @@ class WSD:
 
     @staticmethod
     def errors(optim: dict, max_steps: int) -> list[str]:
-        errors = []
-        cooldown = optim.get("cooldown", 0.2)
-        if not isinstance(cooldown, (int, float)) or isinstance(cooldown, bool) or not 0 <= cooldown < 1:
-            errors.append(f"optim.cooldown={cooldown!r} must be a fraction of the steps in [0, 1), e.g. 0.2")
-        if optim.get("cooldown_shape", "linear") not in SHAPES:
-            errors.append(f"optim.cooldown_shape={optim.get('cooldown_shape')!r} must be one of {', '.join(SHAPES)}")
-        points = optim.get("branch_points") or []
-        if not isinstance(points, list) or any(isinstance(p, bool) or not isinstance(p, (int, float))
-                                               or not 0 < p <= 1 for p in points):
-            errors.append(f"optim.branch_points={points!r} must be a list of fractions of the steps in (0, 1], "
-                          "e.g. [0.25, 0.5, 1.0]")
+        # the types and ranges of cooldown, cooldown_shape and branch_points are the schema's (blocklab/schema.py)
+        errors, points = [], optim.get("branch_points") or []
         source, step = optim.get("branch_from"), optim.get("branch_step")
-        if (source is None) != (step is None):
-            errors.append("optim.branch_from and optim.branch_step go together: the trunk's run folder and the step "
-                          "of its kept checkpoint this branch decays from")
+        if source is None and step is not None:
+            errors.append(f"optim.branch_step={step} needs optim.branch_from, the trunk's run folder whose kept "
+                          "checkpoint at that step this branch starts from")
+        elif source is not None and step is None:
+            errors.append(f"optim.branch_from={source} needs optim.branch_step, the step of the trunk's kept "
+                          "checkpoint this branch starts from")
         elif source is not None:
             if points:
                 errors.append("a branch (optim.branch_from) cannot be a trunk too (optim.branch_points): set one")

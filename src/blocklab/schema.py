@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blocklab.registry import is_number
-from blocklab.schedule import schedule_errors
+from blocklab.schedule import SHAPES, schedule_errors
 
 
 class Spec:
@@ -268,7 +268,7 @@ SCHEMA: dict[str, Group] = {
     "optim": Group({
         "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0),
         # the learning-rate schedule and its options (blocklab/schedule.py checks them: _cross_errors)
-        "schedule": Text(), "cooldown": Number(0), "cooldown_shape": Text(),
+        "schedule": Text(), "cooldown": Number(0, 1), "cooldown_shape": Choice(SHAPES),
         "branch_points": Fractions(), "branch_from": Nullable(Text(), "not a branch"),
         "branch_step": Nullable(Int(1), "not a branch")}),
     "trainer": Group({
