@@ -146,3 +146,20 @@ def test_ladder_section_from_rows():
     assert "**Transfer verdict: reverses within the measured range: crosses near N_x = 1.01e+05" in text
     assert "Decision accuracy, smallest against largest rung" in text and "0.00 [0.00, 0.00]" in text
     assert png.startswith(b"\x89PNG") and ladder_section(rows, study, figure="ladder.png", resamples=200)[1] == png
+
+
+def test_a_law_without_curvature_is_fitted_with_its_floor_at_zero():
+    """Losses straight in log N (as a short budget's ladder measured them): no curvature, so the unconstrained least
+    squares would run E below 0. The fit keeps E >= 0 and agrees with scipy's bounded least squares (E in
+    [0, inf), alpha in the grid's range), an independent solver of the same problem."""
+    from scipy.optimize import least_squares
+
+    ns = np.array(NS)
+    ys = 4.0 - 0.25 * np.log10(ns)
+    got = scaling.fit(ns, ys)
+    oracle = least_squares(lambda p: p[0] + p[1] * ns ** -p[2] - ys, x0=(0.5, 5.0, 0.3),
+                           bounds=([0, -np.inf, scaling.ALPHA_LOW], [np.inf, np.inf, scaling.ALPHA_HIGH]),
+                           xtol=1e-14, ftol=1e-14, gtol=1e-14)
+    assert got.e >= 0
+    assert got.sse == pytest.approx(2 * oracle.cost, rel=0.01)  # least_squares' cost is half the squared error
+    assert (got.e, got.alpha) == pytest.approx((oracle.x[0], oracle.x[2]), abs=3e-3)

@@ -64,7 +64,7 @@ def ladder_section(rows: list[dict], study: dict, figure: str | None = None, res
              f"({resamples} times).", "", "| setting | E | alpha | A | rungs |", "|---|---|---|---|---|"]
     for name, (point, boot) in fitted.items():
         p = scaling.parameter_intervals(point, boot)
-        bound = " (alpha at a bound of its search)" if point.at_bound else ""
+        bound = " (at a bound: E = 0 or alpha at its grid's end)" if point.at_bound else ""
         lines.append(f"| {name} | {_fmt(p['e'])} | {_fmt(p['alpha'])}{bound} | {point.a:.3g} | "
                      f"{len(settings[name])} |")
     verdict = study.get("verdict") or {}
@@ -79,7 +79,9 @@ def ladder_section(rows: list[dict], study: dict, figure: str | None = None, res
         for n, gap in comparison.gaps.items():
             measured = "" if n <= comparison.measured[-1] * 1.0001 else " (extrapolated)"
             lines.append(f"| {n:,.0f}{measured} | {_fmt(gap, 4)} |")
-        lines += ["", f"**Transfer verdict: {comparison.verdict}.**"]
+        ahead = comparison.ahead
+        who = f" ({ahead} ahead at the largest rung)" if ahead else ""
+        lines += ["", f"**Transfer verdict: {comparison.verdict}**{who}."]
     accuracy = scaling.decision_accuracy(settings, resamples)
     if accuracy.value is not None:
         lines += ["", f"Decision accuracy, smallest against largest rung (the share of setting pairs in the same "
@@ -95,6 +97,7 @@ def draw(settings: dict[str, list[Rung]], fitted: dict) -> bytes:
     """Loss against parameters, log-log: each rung's seed mean with the seeds' range, and the fitted law to 100x
     the largest rung (dashed beyond the measured range)."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -116,6 +119,8 @@ def draw(settings: dict[str, list[Rung]], fitted: dict) -> bytes:
         ax.plot(beyond, point(beyond), color=color, linestyle="--")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())  # 2.5, not 2.5 x 10^0
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("parameters N")
     ax.set_ylabel(METRIC)
     ax.legend()

@@ -7,13 +7,16 @@ the same order for every setting. Pure functions over numbers; no file, no plot.
   are a linear least-squares fit of L against N^(-alpha) (closed form); the alpha of least squared error is then
   refined on a finer grid around it (the form of Kaplan et al. 2020 and Hoffmann et al. 2022's per-axis laws;
   Choshen et al. 2025, "A Hitchhiker's Guide to Scaling Law Estimation", on fitting them from few models).
-  alpha is searched in [ALPHA_LOW, ALPHA_HIGH]; a fit that ends at a bound says so (`at_bound`).
+  alpha is searched in [ALPHA_LOW, ALPHA_HIGH], and E >= 0 (a loss has a floor at 0: where the rungs show no
+  curvature, the unconstrained E runs to large negative values with alpha at its lower bound, which says nothing;
+  with E = 0 the law is Kaplan et al.'s pure power law). A fit that ends at a bound says so (`at_bound`).
 - `compare`: the bootstrap (RESAMPLES times, seeded). Each replicate draws, at every rung, seeds with replacement:
   the same seeds for every setting where the settings were trained on the same seeds (paired), else each setting's
   own; it then refits every setting. Percentile intervals on E and alpha, on the gap dL(N) = L_A(N) - L_B(N) at each
   measured N (the settings' geometric mean N at that rung) and at 10x and 100x the largest, and on the crossing
   point N_x, where the fitted gap changes sign.
-- the transfer verdict (`Comparison.verdict`), for "A beats B" (loss: lower is better), read in this order:
+- the transfer verdict (`Comparison.verdict`) on A against B (loss: lower is better), about the order the ladder
+  measures, whichever setting a claim names (`Comparison.ahead`: who leads at the largest rung), in this order:
   1. "undetermined": the gap's interval at the largest rung contains 0 (or a fit had under 3 rungs);
   2. "reverses within the measured range": the gap's interval excludes 0 at both the smallest and the largest rung,
      with opposite signs;
@@ -59,7 +62,7 @@ class Rung:
 
 @dataclass(frozen=True)
 class Fit:
-    """L(N) = e + a N^(-alpha), the squared error of the fit, and whether alpha ended at a bound of its search."""
+    """L(N) = e + a N^(-alpha), the squared error of the fit, and whether alpha or E ended at a bound."""
     e: float
     a: float
     alpha: float
@@ -71,13 +74,17 @@ class Fit:
 
 
 def _grid_fit(x_log: np.ndarray, y: np.ndarray, alphas: np.ndarray):
-    """The least-squares E and A of y ~ E + A exp(-alpha x_log) for each alpha (x_log: log N over its smallest, so
-    the regressor stays near 1). y: (B, R) replicates; returns sse, e, a' of shape (B, G); a' is A N0^(-alpha)."""
+    """The least-squares E >= 0 and A of y ~ E + A exp(-alpha x_log) for each alpha (x_log: log N over its smallest,
+    so the regressor stays near 1). y: (B, R) replicates; returns sse, e, a' of shape (B, G); a' is A N0^(-alpha).
+    Where the unconstrained E is negative, the constrained optimum is on E = 0: A by least squares through 0."""
     x = np.exp(-alphas[:, None] * x_log[None, :])  # (G, R)
     xc = x - x.mean(axis=1, keepdims=True)
     yc = y - y.mean(axis=1, keepdims=True)  # (B, R)
     a = (yc @ xc.T) / (xc * xc).sum(axis=1)[None, :]  # (B, G)
     e = y.mean(axis=1, keepdims=True) - a * x.mean(axis=1)[None, :]
+    negative = e < 0
+    through_zero = (y @ x.T) / (x * x).sum(axis=1)[None, :]
+    e, a = np.where(negative, 0.0, e), np.where(negative, through_zero, a)
     resid = y[:, None, :] - e[:, :, None] - a[:, :, None] * x[None, :, :]
     return (resid ** 2).sum(axis=2), e, a
 
@@ -100,7 +107,7 @@ def fit_many(ns, ys) -> list[Fit]:
         s, e, a = _grid_fit(x_log, ys[b:b + 1], fine)
         i = int(s[0].argmin())
         alpha = float(fine[i])
-        at_bound = alpha <= ALPHA_LOW + 1e-12 or alpha >= ALPHA_HIGH - 1e-12
+        at_bound = alpha <= ALPHA_LOW + 1e-12 or alpha >= ALPHA_HIGH - 1e-12 or e[0, i] == 0
         fits.append(Fit(float(e[0, i]), float(a[0, i] * n0 ** alpha), alpha, float(s[0, i]), at_bound))
     return fits
 
@@ -192,6 +199,12 @@ class Comparison:
         if kind == REVERSES and self.crossing_within.value is not None:
             return f"{kind}: crosses near N_x = {_n(self.crossing_within.value)} ({_span(self.crossing_within)})"
         return kind
+
+    @property
+    def ahead(self) -> str | None:
+        """The setting with the lower fitted loss at the largest rung (None: the gap's interval holds 0 there)."""
+        large = self.gaps[self.measured[-1]]
+        return None if not large.excludes_zero() else (self.a if large.value < 0 else self.b)
 
 
 def _n(n: float) -> str:
