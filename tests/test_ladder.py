@@ -107,3 +107,9 @@ def test_the_command_refuses_a_drifting_ladder_in_one_line(tmp_path):
 def test_val_loss_curve_of_old_and_new_results():
     assert val_loss_curve({"status": "completed"}) == []  # a folder from before the field
     assert val_loss_curve({"val_loss_curve": [[10, 2.5], [20, None], [30, 2.1]]}) == [(10, 2.5), (30, 2.1)]
+
+
+def test_a_run_records_its_validation_curve(default_run):
+    """trainer=debug validates every 10 of its 20 steps: results.json val_loss_curve has both, as a fit reads them."""
+    curve = val_loss_curve(default_run)
+    assert [step for step, _ in curve] == [10, 20] and all(0 < loss < 10 for _, loss in curve)
