@@ -359,6 +359,9 @@ def _cross_errors(config: dict) -> list[str]:
     trainer = config["trainer"]
     if isinstance(trainer.get("max_steps"), int):
         errors += schedule_errors(optim, trainer["max_steps"])
+    if optim.get("branch_from") is not None and trainer.get("resume_from") is not None:
+        errors.append(f"optim.branch_from={optim['branch_from']} starts from a trunk's whole state, trainer.resume_from "
+                      "from a run's weights: set one")
     if trainer.get("max_steps") == 0 and trainer.get("resume_from") is None:
         errors.append("trainer.max_steps=0 trains nothing and needs trainer.resume_from=RUN (whose weights it evaluates "
                       "under this config); set trainer.resume_from or a positive number of steps")
