@@ -11,7 +11,7 @@ from blocklab.errors import ConfigError
 from blocklab.overrides import compose_job, sweep_jobs
 from blocklab.paths import CONF_DIR
 from blocklab.results import val_loss_curve
-from tests.conftest import run_cli
+from conftest import run_cli
 
 SWEEP = ["sweep=activations_ladder"]
 RUNGS = {"d16": (16, 2), "d24": (24, 3), "d32": (32, 4), "d48": (48, 6), "d64": (64, 8)}

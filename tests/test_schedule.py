@@ -9,7 +9,7 @@ import torch
 
 from blocklab.schedule import SCHEDULES, branch_steps, schedule, schedule_errors
 from blocklab.train.module import lr_factor
-from tests.conftest import FAST, run_in_process
+from conftest import FAST, run_in_process
 
 OPTIM = {"lr": 1.0, "min_lr": 0.1, "warmup_steps": 5, "schedule": "wsd", "cooldown": 0.2,
          "cooldown_shape": "linear", "branch_points": [], "branch_from": None, "branch_step": None}
