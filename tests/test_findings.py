@@ -50,7 +50,7 @@ def test_every_sweep_has_a_page_and_the_index_every_exercise_but_the_proof():
     for name in sweeps - {p.stem for p in PAGES.glob("*.jsonl")}:  # no data: the first line says so
         first = (PAGES / f"{name}.md").read_text(encoding="utf-8").splitlines()[0]
         assert first.startswith("Not measured yet at this commit: run `python train.py -m sweep=" + name + "`")
-        assert f"| not measured | – | [{name}]({name}.md) |" in index
+        assert f"| not testable | – | [{name}]({name}.md) |" in index
 
 
 def test_the_readme_shows_the_index_first_rows_and_links_it():
@@ -163,7 +163,7 @@ def test_a_constant_metric_cannot_carry_a_verdict_and_a_diverged_setting_stays_o
     assert outcome == "const" and sentence == ("A beats B: not testable: diverged is 0.000 on every run of both "
                                                "pos=a and pos=b (3 seeds each), and a constant cannot carry a verdict.")
     page = findings.render_page(meta, jobs, None)
-    assert "**Verdict (not testable).**" in page
+    assert "| **not testable** |" in page
     assert "| pos=c | 3 (3 diverged) | 0 of 3 | 1.000 [1.000, 1.000] | – (diverged) |" in page
     assert "Diverged, and kept as data" in page and "Not completed" not in page
 
@@ -184,7 +184,7 @@ def test_a_decided_difference_inside_min_effect_does_not_matter():
 
 
 @pytest.mark.parametrize("a, learned, expected", [([0.1, 0.9, 0.5], 1.0, "nd"),  # not distinguishable
-                                                  ([0.9, 0.9, 0.9], 0.4, "scale")])  # never learned
+                                                  ([0.9, 0.9, 0.9], 0.4, "learn")])  # never learned
 def test_a_verdict_that_does_not_show_carries_what_the_sweep_found_about_why(a, learned, expected):
     jobs = [_job({"pos": "a"}, s, v, learned) for s, v in enumerate(a)] + \
         [_job({"pos": "b"}, s, v) for s, v in enumerate([0.2, 0.8, 0.4])]
@@ -221,16 +221,18 @@ def test_a_page_gives_the_verdict_at_each_other_scale_it_was_run_at(tmp_path):
     assert "At other scales" not in findings.render_page(*findings.read_jsonl(tmp_path / "x-scale4.jsonl"), None)
 
 
-def test_a_setting_that_did_not_learn_is_not_judged_beyond_training_and_is_flagged_first():
+def test_a_setting_that_did_not_learn_is_not_judged_and_is_flagged_first():
     jobs = [_job({"pos": "a"}, s, 0.9, learned=0.4) for s in range(3)] + [_job({"pos": "b"}, s, 0.0) for s in range(3)]
     outcome, sentence = findings.judge(_meta(), jobs)
-    assert outcome == "scale" and "pos=a did not learn its training lengths" in sentence
+    assert outcome == "learn" and sentence.startswith("Not testable: pos=a did not learn its task")
+    assert "in-distribution exact match 0.400 < 0.900 (0 of 3 seeds clear it)" in sentence
     meta = {**_meta(), "sweep": "x", "jobs": 6, "seeds": [0, 1, 2], "task": ["copy"], "d_model": [64],
             "n_layers": [2], "n_heads": [4], "steps": [10], "scale": 1, "machines": {}, "train_time_s": 1.0,
             "commit": None, "commit_recorded": False, "date": "d", "command": "python train.py -m sweep=x",
             "report": "r"}
     page = findings.render_page(meta, jobs, None)
-    assert page.index("did not learn in distribution: pos=a") < page.index("**Verdict")
+    assert page.index("No: 1 of 2 settings did not") < page.index("### Registered claims")
+    assert "| pos=a | 0 of 3 | in-distribution exact match 0.400 &lt; 0.900 (0 of 3 seeds clear it) |" in page
 
 
 def test_further_claims_are_judged_as_the_first_each_against_its_own_paper():
@@ -293,8 +295,8 @@ def test_a_sweep_over_learning_rates_judges_each_setting_at_its_best_and_counts_
     assert "| 0.01 (the highest tried: not bracketed) |" in row_a and "2 of 3 (0.001, 0.01)" in row_a
     row_b = next(line for line in page.splitlines() if line.startswith("| attn=b |"))
     assert "not learned at any" in row_b
-    flag = page[:page.index("**Verdict")]
-    assert "attn=b, lr=0.01" in flag and "attn=a" not in flag and "1 of 2 settings" in flag
+    flag = page[page.index("### What did not learn"):]
+    assert "attn=b, lr=0.01" in flag and "attn=a" not in flag and "1 of 2 settings" in page
 
 
 @pytest.mark.slow

@@ -133,7 +133,7 @@ ALLOWED = {
     # the packaged config and sweep files, inside the installed package
     ("naming.py", "OmegaConf.load"): "CONF_DIR / config.yaml",
     ("modifications.py", "OmegaConf.load"): "the packaged sweep file",
-    ("report/findings.py", "OmegaConf.load"): "the packaged sweep file",
+    ("report/findings_data.py", "OmegaConf.load"): "the packaged sweep file",
     ("report/collect.py", "OmegaConf.load"): "the packaged sweep file",
     # bytes in memory, handed to or taken from the folder module
     ("checkpoint.py", "torch.load"): "the bytes folder.read_bytes read",

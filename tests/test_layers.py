@@ -22,12 +22,14 @@ LAYERS = {
     "blocklab.tasks": 2, "blocklab.analysis": 2,
     # 3: one experiment: its setup, its results.json contract, the command line's overrides.
     "blocklab.experiment": 3, "blocklab.results": 3, "blocklab.overrides": 3, "blocklab.modifications": 3,
+    "blocklab.optim": 3,
     # 4: training, a run and a sweep.
     "blocklab.train": 4,
     # 5: what reads runs and sweeps, or times them.
     "blocklab.report": 5, "blocklab.bench": 5, "blocklab.analyze": 5, "blocklab.generate": 5,
-    # 6: the entry points: the Hydra app (and `python -m blocklab.train`, which starts it) and the Python API.
-    "blocklab.cli": 6, "blocklab.train.__main__": 6, "blocklab.api": 6,
+    # 6: the entry points: the Hydra app (and `python -m blocklab.train`, which starts it), the Python API, and
+    # `python -m blocklab.decide` (it launches sweeps and judges them).
+    "blocklab.cli": 6, "blocklab.train.__main__": 6, "blocklab.api": 6, "blocklab.decide": 6,
 }
 
 

@@ -412,3 +412,21 @@ def test_nsp_runs_end_to_end(corpus, run_dir, tmp_path):
     assert all(0 <= row["next_sentence_acc"] <= 1 and row["masked_tokens"] > 0 for row in results["eval"])
     model = Setup.from_run_dir(run_dir).trained_model()
     assert model.cfg.segments == 2 and model.segment_emb is not None  # model.json and the checkpoint agree
+
+
+def test_reference_levels_are_the_corpus_own_baselines(corpus, tasks, tmp_path):
+    """The LM is learned below its corpus' bigram loss; the masked LM below the unigram's (a token guessed without
+    its context), and with next-sentence prediction its pair classifier halfway from chance, 0.5, to perfect. The
+    baselines' arithmetic is checked by hand in tests/test_references.py; here, that each task fits them on its own
+    training split and scores them on its validation split."""
+    from blocklab.tasks.references import Level, bigram_loss, unigram_loss
+
+    mlm, lm = tasks
+    bigram, unigram = bigram_loss(lm.train_ids, lm.val_ids, lm.vocab_size), unigram_loss(lm.train_ids, lm.val_ids, lm.vocab_size)
+    assert lm.references().learned == (Level("bigram", "loss", bigram),)
+    assert bigram < unigram < math.log(lm.vocab_size)  # the text has structure a bigram model catches
+    assert mlm.references().learned == (Level("unigram", "loss", unigram_loss(mlm.train_ids, mlm.val_ids,
+                                                                                 mlm.n_corpus_tokens)),)
+    nsp = build_task(task_cfg(corpus, tmp_path / "cache", nsp=True), 0).references()
+    assert nsp.learned[1] == Level("learned", "next_sentence_acc", 0.75)
+    assert Level("chance", "next_sentence_acc", 0.5) in nsp.lines

@@ -15,6 +15,7 @@ import blocklab
 from blocklab.hardware import cpu_model
 from blocklab.train.callbacks import DivergenceGuard
 from blocklab.results import read_results
+from blocklab.tasks.references import Level, References
 from conftest import FAST, compose_config, run_cli, run_in_process
 from helpers import assert_learned_and_changed, loss_fell
 
@@ -89,6 +90,14 @@ def test_every_option_trains_and_writes_results(overrides, run_dir, default_run)
             assert str(results["choices"][key]) == value
     assert (run_dir / ".hydra" / "config.yaml").exists()
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def test_results_record_the_task_s_reference_levels(default_run):
+    """results.json `references` (Task.references): the default copy task's bar, exact match 0.9, and its chance
+    loss, ln 17 (16 characters and EOS: tests/test_references.py), for the findings page's learned gate."""
+    refs = References.from_dict(default_run["references"])
+    assert refs.learned == (Level("learned", "exact_match", 0.9),)
+    assert refs.lines == (Level("chance", "loss", pytest.approx(math.log(17))),)
 
 
 def test_same_seed_same_metrics_different_seed_different(tmp_path):

@@ -18,6 +18,7 @@ from blocklab.model import ModelConfig, build_model
 from blocklab.model.size import memory_error, model_size, size_keys
 from blocklab.model.transformer import ARCHITECTURES
 from blocklab.results import CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, unfinished_run_error
+from blocklab.optim import optimizer_errors
 from blocklab.schema import schema_errors
 from blocklab.tasks import Task, build_task, task_errors
 from blocklab.tasks.base import SequenceTask
@@ -53,7 +54,7 @@ def config_errors(config: RunConfig) -> list[str]:
 
 def _validated(config: RunConfig) -> "Setup":
     """The Setup of a resolved config, or ConfigError with every problem (one per line)."""
-    errors = schema_errors(config)
+    errors = schema_errors(config) or optimizer_errors(dict(config["optim"]))
     if errors:
         raise ConfigError("\n".join(errors))
     seq2seq, placement = is_seq2seq(config["model"]["arch"]), Placement.from_pos(config["pos"])

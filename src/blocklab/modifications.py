@@ -1,9 +1,10 @@
 """The `modifications` sweep's jobs, from the registries: a decoder-LM baseline and one change at a time.
 
-Every Registry of blocklab.model names a config key (`attn.kind`, `norm.placement`...), whose first part is a config
+Every Registry of blocklab.model (and blocklab.optim's optimizers) names a config key (`attn.kind`, `norm.placement`...), whose first part is a config
 group. A modification is one option of such a group (conf/<group>/<option>.yaml, so MQA and GQA, which are options
 of `attn`, count), or, for a registry entry no option selects, that entry set on the baseline's option
-(`pos.scaling=yarn`). Each is stored in Hydra's ConfigStore as an option of the group `modification` (package
+(`pos.scaling=yarn`), or an option declared as an ablation at its declared value (registry.declare_ablation:
+`attn.softcap=50`). Each is stored in Hydra's ConfigStore as an option of the group `modification` (package
 _global_: an `override /<group>: <option>` in its defaults list, or the key's value), so each job is composed by
 Hydra like any other: `modification=attn-mqa` (the sweep file's defaults pick `baseline`, registered on
 import so the file composes before the rest are). The sweep file asks for them with `${modifications:}`, which
@@ -15,6 +16,7 @@ from functools import cache
 from omegaconf import OmegaConf
 
 from blocklab.paths import CONF_DIR
+from blocklab.registry import ABLATIONS
 
 GROUP = "modification"
 BASELINE = "baseline"
@@ -33,11 +35,13 @@ def registries() -> dict:
     import pkgutil
 
     import blocklab.model
+    import blocklab.optim
     from blocklab.registry import Registry
 
     found = {}
-    for info in pkgutil.iter_modules(blocklab.model.__path__):
-        module = importlib.import_module(f"blocklab.model.{info.name}")
+    modules = [importlib.import_module(f"blocklab.model.{info.name}")
+               for info in pkgutil.iter_modules(blocklab.model.__path__)]
+    for module in [*modules, blocklab.optim]:
         for value in vars(module).values():
             if isinstance(value, Registry) and "." in value.key:
                 found[value.key] = value
@@ -82,6 +86,10 @@ def candidates() -> dict[str, dict]:
         for entry in registry.names():
             if entry not in selected:
                 nodes[f"{group}_{field_}-{entry}"] = {group: {field_: entry}}
+    for key, value in ABLATIONS.items():  # the options declared as ablations (registry.declare_ablation)
+        group, _, field_ = key.partition(".")
+        if OmegaConf.select(base, key) != value:
+            nodes[f"{group}_{field_}-{value:g}"] = {group: {field_: value}}
     return nodes
 
 
@@ -119,7 +127,8 @@ def computed(model_cfg, seed: int):
 def plan() -> Plan:
     """Which modifications apply to a decoder LM: those whose composed job passes config_errors and whose model
     computes another function than the baseline's (pos.scaling at scaling_factor 1, or attn.pattern=full, the
-    default pattern, would only repeat the baseline)."""
+    default pattern, would only repeat the baseline), or that trains otherwise (another optimizer, a declared
+    ablation)."""
     import torch
 
     from blocklab.errors import ConfigError
@@ -128,6 +137,11 @@ def plan() -> Plan:
     register({BASELINE: {}})
     nodes = candidates()
     register(nodes)
+    # A declared ablation changes training even where the model starts as the baseline's (a soft-cap that small
+    # initial scores do not reach); so does an optimizer.
+    declared = {name for name, node in nodes.items() if any(f"{group}.{field_}" in ABLATIONS
+                                                             for group, fields_ in node.items() if group != "defaults"
+                                                             for field_ in fields_)}
     out, baseline = Plan(), None
     for name in nodes:  # the baseline first
         config = OmegaConf.to_container(_compose([*SWEEP, f"{GROUP}={name}"]), resolve=True)
@@ -140,8 +154,9 @@ def plan() -> Plan:
         if not errors:
             params, logits = computed(model_cfg, config["seed"])
             if baseline is None:
-                baseline = params, logits
-            elif params == baseline[0] and torch.allclose(logits, baseline[1], rtol=1e-5, atol=1e-6):
+                baseline = params, logits, config["optim"]
+            elif params == baseline[0] and torch.allclose(logits, baseline[1], rtol=1e-5, atol=1e-6) \
+                    and config["optim"] == baseline[2] and name not in declared:
                 errors = [f"{name} computes what the baseline computes at its defaults: the same parameters and "
                           "outputs, so its row would only repeat the baseline's"]
         if errors:
@@ -162,7 +177,7 @@ def _resolve() -> str:
 
 
 # Groups that configure the run, not the model: never a modification.
-NOT_MODEL = ("task", "optim", "trainer", "logger", "diagnostics", "method", "experiment", "sweep", "model")
+NOT_MODEL = ("task", "trainer", "logger", "diagnostics", "method", "experiment", "sweep", "model")
 
 
 def _cheap_nodes() -> dict[str, dict]:

@@ -123,3 +123,16 @@ def kind_name(default: Any) -> str:
     if isinstance(default, (int, float)):
         return "a number"
     return "a string" if isinstance(default, str) else "valid"
+
+
+# Options declared as ablations: config key -> the value the `modifications` sweep gives it, one row each beside the
+# registries' entries (blocklab/modifications.py). An option joins the sweep by declaring itself where it is defined.
+ABLATIONS: dict[str, Any] = {}
+
+
+def declare_ablation(key: str, value: Any) -> None:
+    """`key` (group.field, e.g. attn.softcap) set to `value` is a modification of its own."""
+    if ABLATIONS.get(key, value) != value:
+        raise ValueError(f"{key} is declared as an ablation twice, with {ABLATIONS[key]!r} and {value!r}")
+    ABLATIONS[key] = value
+

@@ -55,6 +55,13 @@ def _finite(value):
     return value
 
 
+def recorded_references(results: dict) -> dict | None:
+    """results.json `references`: the task's chance levels and the bar at which it is learned (Task.references,
+    tasks/references.py). None in a folder written before runs recorded them (the report computes them then)."""
+    value = results.get("references")
+    return value if isinstance(value, dict) else None
+
+
 def write_results(run_dir: Path, results: dict) -> Path:
     """Write atomically, so a reader never sees half a file; a full disk is a clear error."""
     path = Path(run_dir) / RESULTS_FILE

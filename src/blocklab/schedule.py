@@ -20,6 +20,8 @@ from blocklab.registry import Registry
 
 SCHEDULES = Registry("optim.schedule")
 SHAPES = ("linear", "1-sqrt")
+# The optim group's keys the schedule reads, whichever the optimizer (optim.py's shared keys)
+SCHEDULE_KEYS = ("schedule", "cooldown", "cooldown_shape", "branch_points", "branch_from", "branch_step")
 
 
 def warmup_factor(step: int, warmup: int) -> float:

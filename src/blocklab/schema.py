@@ -239,10 +239,12 @@ SCHEMA: dict[str, Group] = {
     "model": Group({
         "arch": Text(), "d_model": POSITIVE_INT, "n_layers": POSITIVE_INT, "n_heads": POSITIVE_INT,
         "d_ff": Nullable(POSITIVE_INT, "4 * d_model"), "dropout": Number(0, 1), "bias": Bool(),
-        "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool()}),
+        "tie_embeddings": Bool(), "residual": Bool(), "ffn": Bool(),
+        "logit_softcap": Nullable(POSITIVE, "no cap")}),
     "norm": Group({"type": Text(), "placement": Text(),
                    "eps": Described(POSITIVE, "a positive number (it keeps the norm's division finite)"),
-                   "affine": Described(Bool(), "true or false (false: no learned gain and shift)")}),
+                   "affine": Described(Bool(), "true or false (false: no learned gain and shift)")},
+                  owner="the norm type (norm.type)"),
     # pos: the scheme's own options, and the settings every scheme shares (tasks/placement.py).
     "pos": Group({"name": Text(), "randomize": Bool(), "random_max": Nullable(POSITIVE_INT, "not set"),
                   "coupled": Bool(), "abacus": Bool(),
@@ -255,6 +257,8 @@ SCHEMA: dict[str, Group] = {
         "scale": Nullable(Either(Choice(("none", "default")), POSITIVE), "1/sqrt(d_head)"),
         "scale_factor": Described(POSITIVE, "a number > 0 (it multiplies the scale: 0.5 halves 1/sqrt(d_head))"),
         "qk_norm": Bool(),
+        "softcap": Described(Number(0), "a number >= 0 (c: scores soft-capped to c tanh(s / c); 0: none; Gemma 2 "
+                                        "uses 50)"),
         # A short convolution mixes each token with the few before it (Based and Canon layers use 3-4). 64 is far
         # past any use and keeps its cost bounded: every layer's depthwise conv costs K multiply-adds per channel
         # and token, and pads K-1 zeros in front of every sequence (short_conv=1000 ran for minutes, unrefused).
@@ -266,11 +270,13 @@ SCHEMA: dict[str, Group] = {
     "init": Group({"name": Text(), "std": POSITIVE}),
     "task": Group({"name": Text()}, owner="the task (task.name)"),
     "optim": Group({
-        "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0),
+        "name": Text(), "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0),
+        "z_loss": Described(Number(0), "a number >= 0 (the weight of log^2 Z in the loss; 0: none; PaLM 1e-4)"),
         # the learning-rate schedule and its options (blocklab/schedule.py checks them: _cross_errors)
         "schedule": Text(), "cooldown": Number(0, 1), "cooldown_shape": Choice(SHAPES),
         "branch_points": Fractions(), "branch_from": Nullable(Text(), "not a branch"),
-        "branch_step": Nullable(Int(1), "not a branch")}),
+        "branch_step": Nullable(Int(1), "not a branch")},
+        owner="the optimizer (optim.name)"),
     "trainer": Group({
         "_target_": Choice(("lightning.pytorch.Trainer",)), "accelerator": Choice(("cpu", "gpu", "cuda", "mps", "auto")),
         "devices": Either(POSITIVE_INT, Choice(("auto",))), "num_nodes": POSITIVE_INT,

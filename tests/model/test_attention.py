@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from blocklab.model import ModelConfig, Transformer
+from blocklab.model.attention import SoftmaxAttention
 from blocklab.model.config import AttnConfig
 from helpers import masked_softmax, tokens
 from variants import SCHEMES, VARIANTS, tiny_cfg, tiny_model
@@ -344,6 +345,8 @@ def test_under_bf16_autocast_attention_itself_computes_in_float32(pos, variant, 
     seen = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.append(q.dtype) or sdpa(q, k, v, **kw))
+    explicit = SoftmaxAttention.explicit  # soft-capped scores take the explicit path instead of the kernel
+    monkeypatch.setattr(SoftmaxAttention, "explicit", lambda self, q, *a: seen.append(q.dtype) or explicit(self, q, *a))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         mixed = _grads(model, idx, False)
         with torch.no_grad():

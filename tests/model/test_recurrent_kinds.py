@@ -263,6 +263,8 @@ def cfg_errors(kind, causal=True, arch="decoder", pos="rope", **fields):
     ("gla", dict(gate_rank=0), "attn.gate_rank=0 must be a positive integer"),
     ("gla", dict(gate_temperature=-1.0), "attn.gate_temperature=-1.0 must be a number > 0"),
     ("deltanet", dict(scale=0.5), "attn.scale and attn.scale_factor do not apply to attn.kind=deltanet"),
+    ("deltanet", dict(qk_activation="relu"), "attn.qk_activation='relu' must be one of ['none', 'silu']"),
+    ("deltanet", dict(v_activation="gelu"), "attn.v_activation='gelu' must be one of ['none', 'silu']"),
     ("based", dict(window_size=0), "attn.window_size=0 must be a positive integer"),
     ("based", dict(feature_dim=0), "attn.feature_dim=0 must be a positive integer"),
 ])
@@ -358,6 +360,15 @@ def test_gla_and_deltanet_take_no_positions_unless_asked(kind):
     assert (rotary - plain).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("activation", ["silu", "none"])
+def test_the_configured_v_activation_reaches_the_layer(activation):
+    """attn.v_activation from the config to the model (the layer test above checks what each computes); the default
+    is SiLU, as flash-linear-attention's DeltaNet layer."""
+    layer = make_model("deltanet", "none", v_activation=activation).blocks[0].attn
+    assert layer.v_activation == activation
+    assert make_model("deltanet", "none").blocks[0].attn.v_activation == "silu"
+
+
 @pytest.mark.parametrize("kind, pos, options, applied", [
     ("gla", "rope", {}, "none"), ("gla", "rope", {"rotary": True}, "rope"), ("deltanet", "rope", {}, "none"),
     ("gla", "learned", {}, "learned"), ("gla", "none", {}, "none"), ("based", "rope", {}, "rope"),
@@ -380,9 +391,10 @@ def test_cached_decoding_with_rotary_equals_recomputation(kind, group):
 @pytest.mark.parametrize("activation", ["silu", "none"])
 def test_deltanet_layer_equals_the_delta_rule_on_activated_unit_keys(activation):
     """The whole layer against the oracle: q, k, v from its projection; SiLU on q and k (flash-linear-attention
-    0.3's DeltaNet layer default, `qk_activation="silu"`, fla/layers/delta_net.py) or none, then the L2 norm; beta =
+    0.3's DeltaNet layer default, `qk_activation="silu"`, fla/layers/delta_net.py) or none, then the L2 norm; SiLU
+    on v (attn.v_activation, as that layer) or none; beta =
     sigmoid(x W_beta); the paper's delta rule per head (delta_oracle); each head RMS-normalized; out_proj."""
-    layer = ATTENTION_KINDS["deltanet"](16, 2, chunk=4, qk_activation=activation).double()
+    layer = ATTENTION_KINDS["deltanet"](16, 2, chunk=4, qk_activation=activation, v_activation=activation).double()
     torch.manual_seed(0)
     for p in layer.parameters():
         p.data = torch.randn_like(p) * 0.3
@@ -394,7 +406,7 @@ def test_deltanet_layer_equals_the_delta_rule_on_activated_unit_keys(activation)
     for h in range(2):
         cut = slice(8 * h, 8 * h + 8)
         qh, kh = F.normalize(act(q[0, :, cut]), dim=-1), F.normalize(act(k[0, :, cut]), dim=-1)
-        heads.append(layer.out_norm(delta_oracle(qh, kh, v[0, :, cut], beta[:, h])))
+        heads.append(layer.out_norm(delta_oracle(qh, kh, act(v[0, :, cut]), beta[:, h])))
     expected = layer.out_proj(torch.cat(heads, dim=-1))[None]
     from blocklab.model.position import NoPE
 
@@ -402,12 +414,17 @@ def test_deltanet_layer_equals_the_delta_rule_on_activated_unit_keys(activation)
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("kind, missing, old", [("gla", {}, {"rotary": True}),
-                                                ("deltanet", {}, {"rotary": True, "qk_activation": "none"})])
-def test_a_run_saved_before_the_options_reads_as_it_trained(kind, missing, old):
-    assert ATTENTION_KINDS[kind].old_run_options(missing) == old
-    assert ATTENTION_KINDS[kind].old_run_options({"rotary": False, "qk_activation": "silu"}) == \
-        {"rotary": False, "qk_activation": "silu"}
+@pytest.mark.parametrize("kind, saved, old", [
+    ("gla", {}, {"rotary": True}),
+    ("gla", {"rotary": False}, {"rotary": False}),
+    ("deltanet", {}, {"rotary": True, "qk_activation": "none", "v_activation": "none"}),
+    # saved after attn.rotary and attn.qk_activation, before attn.v_activation: no SiLU on v
+    ("deltanet", {"rotary": False, "qk_activation": "silu"},
+     {"rotary": False, "qk_activation": "silu", "v_activation": "none"}),
+    ("deltanet", {"rotary": False, "qk_activation": "silu", "v_activation": "silu"},
+     {"rotary": False, "qk_activation": "silu", "v_activation": "silu"})])
+def test_a_run_saved_before_the_options_reads_as_it_trained(kind, saved, old):
+    assert ATTENTION_KINDS[kind].old_run_options(saved) == old
 
 
 def test_based_mixes_its_paths_by_a_learned_weight_per_head():

@@ -15,6 +15,7 @@ VARIANTS = {
     "gqa": dict(n_kv_heads=2),
     "mqa": dict(n_kv_heads=1),
     "local": dict(window=3),
+    "softcap": dict(n_kv_heads=2, softcap=2.0),  # Gemma 2's soft-capped scores (its explicit path), GQA's grouping
 }
 
 

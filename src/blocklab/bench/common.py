@@ -219,7 +219,8 @@ class PlainLoop:
     i: int = 0
 
     def __post_init__(self):
-        from blocklab.train.module import build_optimizer, lr_factor
+        from blocklab.optim import build_optimizer
+        from blocklab.train.module import lr_factor
 
         optim = baby_optim()
         self.opt = build_optimizer(self.model, optim)
@@ -267,7 +268,8 @@ def default_step(overrides: list[str] = (), full_logits: bool = False, seed: int
     from hydra import compose, initialize_config_dir
 
     from blocklab.experiment import Setup
-    from blocklab.train.module import LitTransformer, build_optimizer, lr_factor
+    from blocklab.optim import build_optimizer
+    from blocklab.train.module import LitTransformer, lr_factor
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         setup = Setup.from_config(compose(config_name="config", overrides=[

@@ -16,7 +16,7 @@ from blocklab.model.cache import DecodingCache, KVState, LayerState
 from blocklab.model.mask import AttentionContext
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.short_conv import ConvState, ShortConv
-from blocklab.registry import Registry
+from blocklab.registry import Registry, declare_ablation
 
 # The constructor arguments every kind gets from the model config; the rest are the kind's own options.
 COMMON_ARGS = ("d_model", "n_heads", "n_kv_heads", "scale", "qk_norm", "dropout", "bias")
@@ -30,6 +30,11 @@ class Attention(nn.Module):
     `errors` and `label` are its constraints and the name results record for it."""
 
     honours_patterns = False  # True: it attends only where attn.pattern allows (the context's mask or blocked pattern)
+    # True: it soft-caps its softmax scores under attn.softcap = c > 0, each score s = scale q.k becoming
+    # c tanh(s / c) before the mask (Gemma 2's attn_logits_soft_cap, 50 there; model.transformer.softcap cites it).
+    # The fused kernel cannot apply it, so attention then takes the explicit path (`python -m blocklab.bench softcap`).
+    caps_scores = False
+    softcap = 0.0  # attn.softcap, set by build_attention
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, scale: float | None = None,
                  qk_norm: bool = False, dropout: float = 0.0, bias: bool = True):
@@ -141,6 +146,8 @@ class SoftmaxAttention(Attention):
 
     honours_patterns = True
 
+    caps_scores = True
+
     @classmethod
     def label(cls, cfg) -> str:
         pattern = ATTENTION_PATTERNS.get(cfg.attn.pattern_name)
@@ -168,8 +175,10 @@ class SoftmaxAttention(Attention):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
         """softmax(scale q k^T + mask) v per head: (B, H, Tq, d_head)."""
         dropout = self.dropout if self.training else 0.0
-        if ctx.need_weights:
-            y, self.last_weights = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
+        if ctx.need_weights or self.softcap:
+            y, weights = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
+            if ctx.need_weights:
+                self.last_weights = weights
             return y
         if ctx.blocked is not None:  # a sparse pattern that skips what it masks out
             return ctx.blocked.attend(q, k, v, ctx.is_causal, self.scale, dropout)
@@ -190,6 +199,8 @@ class SoftmaxAttention(Attention):
         repeat = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         scores = (q @ k.transpose(-2, -1)) * self.scale
+        if self.softcap:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         if is_causal:
             tq, tk = scores.shape[-2:]
             scores = scores.masked_fill(torch.ones(tq, tk, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
@@ -197,6 +208,9 @@ class SoftmaxAttention(Attention):
             scores = scores + mask
         weights = scores.softmax(dim=-1)
         return F.dropout(weights, dropout) @ v, weights
+
+
+declare_ablation("attn.softcap", 50.0)  # Gemma 2's attn_logits_soft_cap
 
 
 def build_attention(cfg) -> Attention:
@@ -207,6 +221,7 @@ def build_attention(cfg) -> Attention:
                      cfg.attn.qk_norm, cfg.dropout, cfg.bias, **options)
     if cfg.attn.short_conv:
         attention.short_conv = ShortConv(sum(attention.qkv_sizes), cfg.attn.short_conv)
+    attention.softcap = float(cfg.attn.softcap)
     return attention
 
 

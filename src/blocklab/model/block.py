@@ -16,12 +16,13 @@ class Residual(nn.Module):
 
     def __init__(self, sublayer: nn.Module, placement: Placement, norm_type: str, dim: int, eps: float,
                  bias: bool, dropout: float, residual: bool = True, alpha: float = 1.0, affine: bool = True,
-                 gate: float | None = None):
+                 gate: float | None = None, norm_options: dict | None = None):
         super().__init__()
         self.sublayer, self.residual, self.alpha = sublayer, residual, alpha
         # Absent parts are None rather than nn.Identity: a module call per sublayer costs decoding time.
-        self.norm_in = build_norm(norm_type, dim, eps, bias, affine) if placement.norm_in else None
-        self.norm_out = build_norm(norm_type, dim, eps, bias, affine) if placement.norm_out else None
+        options = norm_options or {}
+        self.norm_in = build_norm(norm_type, dim, eps, bias, affine, **options) if placement.norm_in else None
+        self.norm_out = build_norm(norm_type, dim, eps, bias, affine, **options) if placement.norm_out else None
         self.masked = is_masked(self.norm_in) or is_masked(self.norm_out)
         self.gate = None if gate is None else nn.Parameter(torch.tensor(float(gate)))
         self.dropout = dropout_layer(dropout)
@@ -62,7 +63,7 @@ class Block(nn.Module):
         self.layer = layer
         wrap = dict(placement=PLACEMENTS[cfg.norm.placement], norm_type=cfg.norm.type, dim=cfg.d_model, eps=cfg.norm.eps,
                     bias=cfg.bias, dropout=cfg.dropout, residual=cfg.residual, alpha=cfg.residual_alpha,
-                    affine=cfg.norm.affine, gate=cfg.branch_gate)
+                    affine=cfg.norm.affine, gate=cfg.branch_gate, norm_options=cfg.norm.options)
         self.attn = build_attention(cfg)
         self.attn_residual = Residual(self.attn, **wrap)
         self.cross_attn = build_attention(cfg) if cross else None

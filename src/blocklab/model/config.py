@@ -25,6 +25,7 @@ class NormConfig:
     placement: str = "pre"
     eps: float = 1e-5
     affine: bool = True  # False: norms without the learned gain and shift
+    options: dict[str, Any] = field(default_factory=dict)  # the type's own keyword arguments (DyT's alpha_init)
 
     @property
     def name(self) -> str:
@@ -64,6 +65,7 @@ class AttnConfig:
     scale_factor: float = 1.0  # multiplies the scale: 0.5 with scale null is 1/(2 sqrt(d_head))
     qk_norm: bool = False
     short_conv: int = 0  # width of a depthwise causal convolution on q, k, v (model/short_conv.py); 0: none
+    softcap: float = 0.0  # > 0: softmax scores soft-capped to c tanh(s / c) (Attention.caps_scores); 0: none
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own keyword arguments
     pattern_options: dict[str, Any] = field(default_factory=dict)  # the pattern's own (stride, dilation...)
 
@@ -160,6 +162,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     residual: bool = True  # False removes the skip connections (rank-collapse ablation)
     ffn: bool = True  # False removes the FFN sublayers (rank-collapse ablation)
+    logit_softcap: float | None = None  # output logits soft-capped to (-c, c) as c tanh(z / c) (Gemma 2: 30)
     max_len: int = 512  # longest sequence the model must handle (sizes learned position tables)
     segments: int = 0  # set by the task: segment embeddings and a next-sentence head for sentence pairs (0: none)
     norm: NormConfig = field(default_factory=NormConfig)
@@ -220,7 +223,7 @@ class ModelConfig:
         """Build from the plain dicts of the yaml groups: model, norm, pos, attn, act, ffn, init. Keys no field
         takes are a ConfigError naming the closest field (pos, attn and ffn pass theirs to the variant). A
         missing ffn group is the dense FFN."""
-        unknown = [line for group in ("model", "norm", "act", "init")
+        unknown = [line for group in ("model", "act", "init")
                    for line in group_errors(group, groups[group]) if " is not a key of " in line]
         if unknown:
             raise ConfigError("\n".join(unknown))
@@ -232,13 +235,16 @@ class ModelConfig:
         extra = {k: v for k, v in groups["attn"].items() if k not in attn_fields}
         attn_options, pattern_options = AttnConfig.split_options(attn.get("kind", AttnConfig.kind),
                                                                  AttnConfig(**attn).pattern_name, extra)
+        norm_fields = {f.name for f in fields(NormConfig)} - {"options"}
+        norm = {k: v for k, v in groups["norm"].items() if k in norm_fields}
+        norm_options = {k: v for k, v in groups["norm"].items() if k not in norm_fields}
         name, kind = pos.pop("name"), attn.get("kind", AttnConfig.kind)
         shared = {key: pos.pop(key) for key in PosConfig.shared_keys() if key in pos}
         return cls(
             vocab_size=vocab_size,
             max_len=max_len,
             segments=segments,
-            norm=NormConfig(**groups["norm"]),
+            norm=NormConfig(**norm, options=norm_options),
             pos=PosConfig(name=name, **shared, options=_recorded(POSITION_SCHEMES, name, pos)),
             attn=AttnConfig(**attn, options=_recorded(ATTENTION_KINDS, kind, attn_options),
                             pattern_options=pattern_options),
@@ -281,7 +287,8 @@ class ModelConfig:
                                (INIT_SCHEMES, self.init.name)):
             if name not in registry:
                 errs.append(registry.unknown(name))
-        if not errs:  # the placement's and the init scheme's own constraints
+        if not errs:  # the norm type's options, the placement's and the init scheme's own constraints
+            errs += NORM_TYPES.option_errors(self.norm.type, self.norm.options, "norm")
             errs += PLACEMENTS[self.norm.placement].errors(self) + scheme_errors(self)
         return (errs + self._attention_errors() + self._ffn_errors()
                 + self._position_errors(heads_divide=not self.d_model % self.n_heads))
@@ -291,7 +298,8 @@ class ModelConfig:
         model = {f.name: getattr(self, f.name) for f in fields(self)
                  if f.name not in TASK_DERIVED and f.name not in SUBGROUPS}
         attn = {key: getattr(self.attn, key) for key in SCHEMA["attn"].keys}
-        return [("model", model), ("norm", asdict(self.norm)), ("attn", attn), ("act", asdict(self.act)),
+        norm = {k: v for k, v in asdict(self.norm).items() if k != "options"}
+        return [("model", model), ("norm", norm), ("attn", attn), ("act", asdict(self.act)),
                 ("ffn", {"name": self.ffn_kind.name}), ("init", asdict(self.init))]
 
     def _ffn_errors(self) -> list[str]:
@@ -325,6 +333,13 @@ class ModelConfig:
             fix = "attn.pattern=full" if self.attn.pattern is not None else "attn.window=null"
             errs.append(f"{chosen} needs a kind that honours sparse patterns ({', '.join(honouring)}); "
                         f"attn.kind={self.attn.kind} cannot: use {fix} or attn.kind={honouring[0]}")
+        if self.attn.softcap and not kind.caps_scores:
+            errs.append(f"attn.softcap={self.attn.softcap} needs a kind with softmax scores to cap "
+                        f"({', '.join(k for k in ATTENTION_KINDS if ATTENTION_KINDS[k].caps_scores)}); "
+                        f"attn.kind={self.attn.kind} has none: use attn.softcap=0")
+        elif self.attn.softcap and pattern.sparse:
+            errs.append(f"attn.softcap={self.attn.softcap} with attn.pattern={name}: soft-capping takes the explicit "
+                        f"path, which the sparse patterns' kernels skip; use attn.pattern=full or attn.softcap=0")
         if errs:
             return errs
         options = {**ATTENTION_PATTERNS.options(name), **self.attn.pattern_args}

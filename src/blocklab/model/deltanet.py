@@ -29,6 +29,8 @@ from blocklab.model.recurrent import RecurrentAttention, RotaryOption, float_at_
 
 # attn.qk_activation: applied to q and k before their L2 norm. flash-linear-attention's DeltaNet layer takes SiLU by
 # default (`qk_activation="silu"`, fla/layers/delta_net.py), the paper's Table 1 ablates it; none: the bare L2 norm.
+# attn.v_activation: applied to v. That layer always takes SiLU there (`F.silu(self.v_proj(x))`, or its value
+# convolution's activation='silu'); none: the bare projection, as runs saved before the option.
 QK_ACTIVATIONS = {"silu": F.silu, "none": lambda t: t}
 
 
@@ -78,20 +80,21 @@ def delta_weights(q: Tensor, k: Tensor, beta: Tensor) -> Tensor:
 @ATTENTION_KINDS.register("deltanet")
 class DeltaNet(RotaryOption, RecurrentAttention):
     """DeltaNet (module docstring). Options: chunk (tokens per chunk of the parallel form), rotary (RoPE on q and k;
-    off, as in the paper: RotaryOption) and qk_activation (silu, flash-linear-attention's default, or none: applied to
-    q and k before their L2 norm)."""
+    off, as in the paper: RotaryOption), qk_activation (silu, flash-linear-attention's default, or none: applied to
+    q and k before their L2 norm) and v_activation (silu, as flash-linear-attention's layer always does, or none)."""
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
-                 chunk: int = 32, rotary: bool = False, qk_activation: str = "silu"):
+                 chunk: int = 32, rotary: bool = False, qk_activation: str = "silu", v_activation: str = "silu"):
         super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)
         self.beta_proj = nn.Linear(d_model, self.n_kv_heads, bias=bias)
-        self.rotary, self.qk_activation = rotary, qk_activation
+        self.rotary, self.qk_activation, self.v_activation = rotary, qk_activation, v_activation
 
     @classmethod
     def old_run_options(cls, options: dict) -> dict:
-        """A run saved before attn.rotary and attn.qk_activation rotated q and k, and took no SiLU."""
+        """A run saved before attn.rotary, attn.qk_activation and attn.v_activation rotated q and k, took no SiLU on q
+        and k, and none on v (each key as saved where it was)."""
         options = super().old_run_options(options)
-        return options if "qk_activation" in options else {**options, "qk_activation": "none"}
+        return {**{"qk_activation": "none", "v_activation": "none"}, **options}
 
     @classmethod
     def errors(cls, cfg, options):
@@ -99,6 +102,9 @@ class DeltaNet(RotaryOption, RecurrentAttention):
         if options.get("qk_activation", "silu") not in QK_ACTIVATIONS:
             errs.append(f"attn.qk_activation={options['qk_activation']!r} must be one of {sorted(QK_ACTIVATIONS)} "
                         "(silu: flash-linear-attention's default, before the L2 norm)")
+        if options.get("v_activation", "silu") not in QK_ACTIVATIONS:
+            errs.append(f"attn.v_activation={options['v_activation']!r} must be one of {sorted(QK_ACTIVATIONS)} "
+                        "(silu: flash-linear-attention's layer applies it to v)")
         if cfg.attn.scale not in (None, "default") or cfg.attn.scale_factor != 1:
             errs.append("attn.scale and attn.scale_factor do not apply to attn.kind=deltanet (its queries and keys are "
                         "unit vectors); set attn.scale=null attn.scale_factor=1")
@@ -114,6 +120,7 @@ class DeltaNet(RotaryOption, RecurrentAttention):
             q, k, v, beta = float_at_least_32(q, k, v, self.pending)
             q, k = QK_ACTIVATIONS[self.qk_activation](q), QK_ACTIVATIONS[self.qk_activation](k)
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+            v = QK_ACTIVATIONS[self.v_activation](v)
             valid = key_valid(ctx, k.shape[2])
             if valid is not None:
                 padding = ~valid[:, None, :, None]

@@ -3,6 +3,7 @@ each sublayer), each a registry. A placement is described once here; the Block, 
 the init schemes, the config and the analysis probe read that description."""
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from blocklab.registry import Registry
@@ -50,6 +51,31 @@ def batchnorm(dim: int, eps: float, bias: bool, affine: bool) -> nn.Module:
 batchnorm.min_batch_size = 2  # statistics of one sequence are not a batch's; the running ones would not match them
 
 
+class DynamicTanh(nn.Module):
+    """DyT (Zhu, Chen, He, LeCun & Liu 2025, "Transformers without Normalization", CVPR; reference:
+    jiachenzhu/DyT, dynamic_tanh.py): gamma * tanh(alpha x) + beta in place of a norm, alpha one learned scalar
+    starting at `alpha_init` (the reference's alpha_init_value, 0.5 by default; its LLaMA runs tune it per width),
+    gamma and beta per channel. No statistics: each token is squashed on its own, so like LayerNorm it bounds a
+    token's length (by sqrt(d) max|gamma| + ||beta||), and cached decoding needs nothing. eps is not read."""
+
+    def __init__(self, dim: int, alpha_init: float, bias: bool, affine: bool):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine and bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.tanh(self.alpha * x)
+        if self.weight is not None:
+            x = x * self.weight
+        return x if self.bias is None else x + self.bias
+
+
+@NORM_TYPES.register("dyt")
+def dynamic_tanh(dim: int, eps: float, bias: bool, affine: bool, alpha_init: float = 0.5) -> nn.Module:
+    return DynamicTanh(dim, alpha_init, bias, affine)
+
+
 @NORM_TYPES.register("none")
 def no_norm(dim: int, eps: float, bias: bool, affine: bool) -> None:
     """No normalization at all: every place a norm would sit is left empty."""
@@ -57,10 +83,10 @@ def no_norm(dim: int, eps: float, bias: bool, affine: bool) -> None:
 
 
 def build_norm(norm_type: str, dim: int, eps: float = 1e-5, bias: bool = True,
-               affine: bool = True) -> nn.Module | None:
+               affine: bool = True, **options) -> nn.Module | None:
     """The norm module, or None for the 'none' type (a missing module is cheaper than nn.Identity).
-    affine=False leaves out the learned gain and shift: the norm has no parameters."""
-    return NORM_TYPES[norm_type](dim, eps, bias, affine)
+    affine=False leaves out the learned gain and shift; `options` are the type's own (DyT's alpha_init)."""
+    return NORM_TYPES[norm_type](dim, eps, bias, affine, **options)
 
 
 def normalizes(norm_type: str) -> bool:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.model.meta import counting
-from blocklab.registry import Registry
+from blocklab.registry import Registry, declare_ablation
 
 POSITION_SCHEMES: Registry = Registry("pos.name", framework_args=("d_model", "n_heads", "d_head", "causal"))
 POSITION_SCALINGS: Registry = Registry("pos.scaling")
@@ -470,9 +470,11 @@ class RoPE(PositionScheme):
 
     scalings = ("none", "pi", "ntk", "yarn", "llama3")
 
-    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0, **scaling):
+    def __init__(self, d_model, n_heads, d_head, causal=True, base: float = 10000.0, rotary_fraction: float = 1.0,
+                 rotary_form: str = "frequencies", **scaling):
         super().__init__(d_model, n_heads, d_head, causal, **scaling)
         self.base = base
+        self.rotary_fraction, self.rotary_form = float(rotary_fraction), rotary_form
         self.logit_scale = POSITION_SCALINGS[self.scaling.method].temperature(self.scaling) ** 2
 
     @classmethod
@@ -482,12 +484,18 @@ class RoPE(PositionScheme):
         if own is None and cfg.d_head % 2:  # a kind that rotates a width of its own (MLA) checks it itself
             return errs + [f"pos=rope needs an even head dimension, but model.d_model/model.n_heads = {cfg.d_head}; "
                            "change model.n_heads or model.d_model"]
-        return errs + base_errors(options["base"])
+        return errs + base_errors(options["base"]) + partial_rotary_errors(options, d_head=cfg.d_head if own is None
+                                                                          else own)
 
     def rotate(self, q, k, positions):
-        # the rotated width is q's: d_head, or a part of it (MLA's decoupled RoPE dimensions)
-        rotation = self.rotations(positions, q.dtype, q.shape[-1])
-        return _rotate_pairs(q, rotation), _rotate_pairs(k, rotation)
+        # the rotated width is q's: d_head, or a part of it (MLA's decoupled RoPE dimensions); under
+        # rotary_form=dimensions only its first rotary_fraction of it (GPT-NeoX's rotary_pct)
+        width = q.shape[-1]
+        rotated = rotated_dimensions(width, self.rotary_fraction, self.rotary_form)
+        rotation = self.rotations(positions, q.dtype, rotated)
+        if rotated == width:
+            return _rotate_pairs(q, rotation), _rotate_pairs(k, rotation)
+        return tuple(torch.cat([_rotate_pairs(x[..., :rotated], rotation), x[..., rotated:]], dim=-1) for x in (q, k))
 
     def rotations(self, positions: Tensor, dtype: torch.dtype, dim: int | None = None) -> Tensor:
         """exp(i angle) for every position and frequency, (B|1, 1, T, dim/2), once per positions tensor; dim
@@ -497,12 +505,59 @@ class RoPE(PositionScheme):
         def make():
             scaling = POSITION_SCALINGS[self.scaling.method]
             frequencies = scaling.frequencies(self.base, dim, self.scaling, positions.device)
+            if self.rotary_form == "frequencies" and self.rotary_fraction < 1:
+                frequencies = kept_frequencies(frequencies, dim, self.rotary_fraction)
             scaled = scaling.positions(positions, self.scaling)
             angles = (scaled.to(torch.float32)[..., None] * frequencies)[:, None]
             magnitude = torch.full_like(angles, scaling.temperature(self.scaling))  # 1 but under YaRN
             return torch.polar(magnitude, angles).to(_COMPLEX[_rotation_dtype(dtype)])
 
         return self.memo.get((positions,), (dtype, dim), make)
+
+
+# ------------------------------------------------------------------------------ partial rotation
+
+# pos.rotary_form: how pos.rotary_fraction < 1 leaves part of q and k unrotated.
+ROTARY_FORMS = {
+    # p-RoPE (Barbero et al. 2025, "Round and Round We Go! What makes Rotary Positional Encodings useful?", ICLR;
+    # reference: google-deepmind/gemma, gemma/positional_embeddings.py apply_rope's rope_proportion): the first
+    # int(p * d // 2) pairs keep their frequencies base^(-2i/d), the lowest ones get frequency 0 (left unrotated).
+    "frequencies": "keep the highest fraction of frequencies, leave the lowest pairs unrotated (p-RoPE)",
+    # GPT-NeoX's rotary_pct (EleutherAI/gpt-neox, megatron/model/positional_embeddings.py; transformers'
+    # GPTNeoXRotaryEmbedding): the first int(d * p) dimensions are rotated with frequencies base^(-2i/(d p)).
+    "dimensions": "rotate the first fraction of dimensions with their own frequencies (GPT-NeoX rotary_pct)",
+}
+
+
+declare_ablation("pos.rotary_fraction", 0.25)  # p-RoPE at Barbero et al.'s p = 0.25 (Gemma 2B)
+
+
+def kept_frequencies(frequencies: Tensor, dim: int, fraction: float) -> Tensor:
+    """p-RoPE's frequencies: the first int(fraction * dim // 2) kept, the rest 0 (gemma's rope_angles)."""
+    kept = int(fraction * dim // 2)
+    return torch.cat([frequencies[:kept], frequencies.new_zeros(frequencies.shape[0] - kept)])
+
+
+def rotated_dimensions(width: int, fraction: float, form: str) -> int:
+    """How many leading dimensions of a width-`width` q or k are rotated: all of them, but int(width * fraction)
+    under rotary_form=dimensions (GPT-NeoX's rotary_ndims)."""
+    return int(width * fraction) if form == "dimensions" and fraction < 1 else width
+
+
+def partial_rotary_errors(options: dict, d_head: int) -> list[str]:
+    fraction, form = options.get("rotary_fraction", 1.0), options.get("rotary_form", "frequencies")
+    if form not in ROTARY_FORMS:
+        return [f"pos.rotary_form={form!r} is unknown; use one of {sorted(ROTARY_FORMS)}"]
+    if not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
+        return [f"pos.rotary_fraction={fraction!r} must be in [0, 1] (1: every pair rotated, as plain RoPE)"]
+    rotated = rotated_dimensions(d_head, fraction, form)
+    if rotated % 2:
+        return [f"pos.rotary_fraction={fraction} rotates int({d_head} * {fraction}) = {rotated} dimensions, an odd "
+                f"number (rotation acts on pairs); choose a fraction giving an even count"]
+    if fraction < 1 and options.get("scaling", "none") != "none":
+        return [f"pos.rotary_fraction={fraction} with pos.scaling={options['scaling']}: the context-extension "
+                "methods are defined (and tested) on every pair; use pos.rotary_fraction=1 or pos.scaling=none"]
+    return []
 
 
 _COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from blocklab.model.abacus import AbacusEmbedding, abacus_size
 from blocklab.model.architectures import ARCHITECTURES
+from blocklab.registry import declare_ablation
 from blocklab.model.block import Block
 from blocklab.model.cache import DecodingCache
 from blocklab.model.ffn import dropout_layer
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 def _final_norm(cfg: ModelConfig) -> nn.Module:
     # Pre-norm stacks leave the residual stream unnormalized, so the output gets one last norm.
-    norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias, cfg.norm.affine) \
+    norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias, cfg.norm.affine, **cfg.norm.options) \
         if PLACEMENTS[cfg.norm.placement].final_norm else None
     return nn.Identity() if norm is None else norm
 
@@ -115,7 +116,8 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.commit(ctx.k_positions, ctx.k_valid)
         hidden = apply_norm(self.final_norm, x, valid)  # over every position: a norm's statistics may span tokens
-        logits = self.head(hidden if at is None else hidden.flatten(0, 1).index_select(0, at))
+        logits = softcap(self.head(hidden if at is None else hidden.flatten(0, 1).index_select(0, at)),
+                         self.cfg.logit_softcap)
         if need_weights:
             return logits, [block.attn.last_weights for block in self.blocks]
         if sentence:
@@ -193,6 +195,16 @@ class Encoder(Transformer):
         sentence (0: first, 1: second); with sentence=True also the next-sentence logits (B, 2) (index 1: is next)."""
         return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index, segment=segment,
                             sentence=sentence, at=at)
+
+
+def softcap(logits: Tensor, cap: float | None) -> Tensor:
+    """cap * tanh(logits / cap): Gemma 2's soft-capping (Gemma Team 2024, "Gemma 2: Improving Open Language Models
+    at a Practical Size", §2; google-deepmind/gemma, gemma/modules.py and transformer.py: final_logit_softcap 30,
+    attn_logits_soft_cap 50), bounding every logit to (-cap, cap) while leaving small ones almost unchanged."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+declare_ablation("model.logit_softcap", 30.0)  # Gemma 2's final_logit_softcap
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

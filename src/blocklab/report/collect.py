@@ -15,6 +15,7 @@ from blocklab import folder
 from blocklab.errors import ConfigError
 from blocklab.folder import FolderError
 from blocklab.paths import CONF_DIR
+from blocklab.report.claims import claims_hash
 from blocklab.results import RESULTS_FILE, SAVED_CONFIG, flatten, swept_overrides
 
 RUNNING = "running"  # a row's status for a run still training: its results are not read
@@ -221,6 +222,7 @@ def _row(run_dir: Path, results: dict, config) -> dict:
     if not (row["study"] is None or isinstance(row["study"], str)):
         raise ValueError("study.name is not text")
     row["task"] = results.get("task")
+    row["claims"] = claims_hash(study.get("verdict"))  # the registered claims when the run trained
     row["overrides"] = dict(o.partition("=")[::2] for o in swept_overrides(results.get("overrides", [])))
     row.update(results.get("choices", {}))
     for key, value in row["overrides"].items():

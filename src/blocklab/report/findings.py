@@ -16,68 +16,33 @@ blocklab.folder; the findings folder is the user's own (--findings OUT), and is 
 blocklab.folder with OUT as the root, so a link planted below OUT is refused, never followed. A run still training
 (its lock held) is left out.
 
-The jsonl is written and read by findings_data.py, the claims judged by judge.py, the table of settings built by
-page_tables.py; this module renders the page, its figure and the index."""
-import glob
+The jsonl is written and read by findings_data.py, the claims judged by judge.py (whether a setting learned:
+learned.py, against the levels its task states), the table of settings built by page_tables.py, the page's words
+written by page_text.py and the index by findings_index.py; this module writes them and draws the figure."""
 import io
 import json
 import re
-from collections import Counter
 from pathlib import Path
 
-import jinja2
-from markupsafe import Markup
-
-from blocklab import folder, study_folder
+from blocklab import folder
 from blocklab.errors import ConfigError
-from blocklab.paths import CONF_DIR
 from blocklab.report import stats
-from blocklab.report.build import _direction, learning_note, metrics_spec
+from blocklab.report.build import _direction, metrics_spec
 from blocklab.report.collect import RUNNING
 from blocklab.report.common import name as setting_name, order
 from blocklab.report.findings_data import (FORMAT, _planned, _results, job_record, meta_record,  # noqa: F401
                                            read_jsonl, studies_error, study_error)
-from blocklab.report.judge import KEPT, OUTCOMES, also, judge, judge_page, learned  # noqa: F401 (judge, also: the API)
+from blocklab.report.findings_index import (ANSWER_LIMIT, EXERCISES, PROOF, PROOF_TEST, index_rows,  # noqa: F401
+                                            render_index, sweep_names, write_index as _write_index)
+from blocklab.report.judge import AGREES, KEPT, OUTCOMES, also, judge, judge_page, learned  # noqa: F401 (the API)
 from blocklab.report.judge import groups_of as _groups, keys_of as _keys, metric_of as _metric
-from blocklab.report.page_tables import _against_baseline, _table, _tuned_table, at_best, tuned, verdict_metric
-from blocklab.report.recall import FRACTION
+from blocklab.report.markdown import ENV, code, md  # noqa: F401
+from blocklab.report.page_tables import at_best, tuned, verdict_metric
+from blocklab.report.page_text import (SWEEPS, other_scales, page_text, render_page,  # noqa: F401
+                                       render_unmeasured, sweep_study)
 
-SWEEPS = CONF_DIR / "sweep"
-EXERCISES = [f"1.{i}" for i in range(1, 15)]
-PROOF = "1.6"  # a proof, answered by a test (tests/model/test_position.py), not by a sweep
-PROOF_TEST = "tests/model/test_position.py"
 MAX_PNG_BYTES = 150_000
-NUMERIC = re.compile(r"[-+–\d.,\[\]\s%e]*(\(1 seed\))?")
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
-
-
-# ---------------------------------------------------------------- Markdown, escaped
-def md(value) -> str:
-    """Untrusted text as Markdown that shows it literally, on one line (a table cell stays one cell)."""
-    if isinstance(value, Markup):
-        return value
-    if value is None:
-        return "–"
-    text = " ".join(str(value).split())
-    if NUMERIC.fullmatch(text) and "](" not in text:  # a number, interval or count: nothing Markdown reads
-        return text
-    text = text.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = re.sub(r"([`*\[\]|#!])", r"\\\1", text)
-    return re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)  # an intraword _ is never emphasis
-
-
-def code(value) -> Markup:
-    """A code span that holds any text: fenced by one more backtick than its longest run (CommonMark)."""
-    text = " ".join(str(value).split())
-    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return Markup(f"{fence}{pad}{text}{pad}{fence}")
-
-
-ENV = jinja2.Environment(loader=jinja2.PackageLoader("blocklab.report", "templates"), autoescape=False,
-                         finalize=md, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                         keep_trailing_newline=True)
-ENV.filters["code"] = code
 
 
 # ---------------------------------------------------------------- from a sweep folder to the jsonl
@@ -117,77 +82,6 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
             written.append(folder.write_text(out, f"{name}.md", page_text(base)))
     written.append(write_index(out))
     return written
-
-
-# ---------------------------------------------------------------- from the jsonl to the page
-def learning_flag(meta: dict, groups) -> str | None:
-    """The flag a page puts before any conclusion: the HTML report's note (build.learning_note), as one line."""
-    note = learning_note("", _keys(meta), learned(groups))
-    return None if note is None else f"{note.lead} {' '.join(str(p) for p in note.parts)}"
-
-
-def _study_line(study: dict) -> dict:
-    exercise = study.get("exercise")
-    exercises = [str(x) for x in (exercise if isinstance(exercise, list) else [exercise] if exercise else [])]
-    return {"question": study.get("question") or "", "exercises": exercises, "source": study.get("source"),
-            "paper": study.get("paper")}
-
-
-def other_scales(data: Path, meta: dict) -> list[dict]:
-    """For a 1x page (`data`, whose header is `meta`), its sweep measured at other `study.scale`s
-    (`<sweep>-scale<K>.jsonl` beside it, by study_folder): scale, machines, steps and the verdict there, so the page
-    answers at each scale it was run at."""
-    if meta.get("scale") != 1:
-        return []
-    rows = []
-    for other in sorted(data.parent.glob(f"{glob.escape(data.stem)}-scale*.jsonl")):
-        their, jobs = read_jsonl(other)
-        scale = their.get("scale")
-        if not isinstance(scale, (int, float)) or their.get("sweep") != study_folder(meta["sweep"], scale) \
-                or other.stem != their["sweep"]:
-            continue  # another sweep's name that only starts alike
-        outcome, verdict = judge(their, jobs)
-        rows.append({"scale": scale, "stem": other.stem, "machines": ", ".join(their["machines"]) or None,
-                     "steps": "/".join(str(x) for x in their["steps"]), "outcome": OUTCOMES[outcome],
-                     "verdict": verdict})
-    return sorted(rows, key=lambda r: r["scale"])
-
-
-def render_page(meta: dict, jobs: list[dict], figure: str | None, scales: list[dict] = ()) -> str:
-    """A measured page, from its jsonl (and, for a 1x page, the verdicts of its other scales' jsonl)."""
-    groups = _groups(meta, jobs)
-    verdicts = judge_page(meta, jobs)
-    best = tuned(meta, groups)
-    table = (_against_baseline(meta, groups) if meta["study"].get("baseline") else
-             _tuned_table(meta, groups, best) if best else _table(meta, groups))
-    failed = [j for j in jobs if j.get("status") not in KEPT]
-    diverged = [j for j in jobs if j.get("status") == "diverged"]
-    rows = [v.row for v in verdicts if v.row]
-    hours = meta["train_time_s"] / 3600
-    return ENV.get_template("findings.md.j2").render(
-        meta=meta, study=_study_line(meta["study"]), flag=learning_flag(meta, at_best(meta, groups, best)), table=table,
-        tuned=best is not None, range_fraction=f"{FRACTION:g}", verdict=verdicts[0].sentence,
-        also=[(OUTCOMES[v.outcome], v.sentence) for v in verdicts[1:]], comparisons=rows,
-        claims=len(rows), floor=verdicts[0].floor, flips=stats.MIN_FLIP_PAIRS, cl_formula=stats.CL_FORMULA,
-        outcome=OUTCOMES[verdicts[0].outcome], figure=figure, failed=failed, diverged=diverged, settings=len(groups),
-        time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
-        seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
-        not_run=meta.get("not_run") or [], scales=list(scales))
-
-
-def sweep_study(name: str) -> dict:
-    """A sweep file's study block, unresolved (interpolations stay text): the package's own config, not a folder's."""
-    from omegaconf import OmegaConf
-
-    study = OmegaConf.load(SWEEPS / f"{name}.yaml").get("study") or {}
-    return OmegaConf.to_container(study, resolve=False)
-
-
-def render_unmeasured(name: str) -> str:
-    """The page of a sweep with no committed data: its first line says so; no number on it."""
-    study = sweep_study(name)
-    return ENV.get_template("findings_unmeasured.md.j2").render(name=name, study=_study_line(study),
-                                                                verdict=study.get("verdict") or {})
 
 
 # ---------------------------------------------------------------- the figure
@@ -313,17 +207,6 @@ def write_page(data: Path) -> list[Path]:
     return [data, page, *written]
 
 
-def page_text(data: Path) -> str:
-    """A measured page as its data renders it now, with the figure already beside it (if any)."""
-    meta, jobs = read_jsonl(data)
-    figure = data.with_suffix(".png").name if folder.exists(data.parent, data.with_suffix(".png").name) else None
-    return render_page(meta, jobs, figure, other_scales(data, meta))
-
-
-def sweep_names() -> list[str]:
-    return sorted(p.stem for p in SWEEPS.glob("*.yaml"))
-
-
 def expected(out: Path) -> dict[Path, str]:
     """Every page's text as its data renders it now: the measured pages (each jsonl), the unmeasured sweeps'
     pages, and the index."""
@@ -355,38 +238,8 @@ def rerender(out: Path, figures: bool = True) -> list[Path]:
 
 
 def write_index(out: Path) -> Path:
-    path = folder.write_text(out, "README.md", render_index(out))
+    path = _write_index(out)
     for name in sweep_names():  # a sweep without its page gets the unmeasured one
         if not folder.exists(out, f"{name}.md"):
             folder.write_text(out, f"{name}.md", render_unmeasured(name))
     return path
-
-
-def _exercise_key(row: dict):
-    first = row["exercises"][0] if row["exercises"] else "9"
-    return tuple(int(x) if x.isdigit() else 99 for x in re.findall(r"\w+", first)), row["name"]
-
-
-def index_rows(out: Path) -> list[dict]:
-    """One row per page: every sweep file's, and any other measured page (another scale)."""
-    stems = {p.stem for p in out.glob("*.jsonl")} | set(sweep_names())
-    rows = []
-    for stem in sorted(stems):
-        data = out / f"{stem}.jsonl"
-        if folder.exists(out, data.name):
-            meta, jobs = read_jsonl(data)
-            outcome, verdict = judge(meta, jobs)
-            study = _study_line(meta["study"])
-            seeds = Counter(len(m) for m in _groups(meta, jobs).values())
-            seeds = "–" if not seeds else str(min(seeds)) if len(seeds) == 1 else f"{min(seeds)}-{max(seeds)}"
-        else:
-            study, outcome, verdict, seeds = _study_line(sweep_study(stem)), "none", "Not measured yet.", "–"
-        rows.append({"name": stem, **study, "answer": verdict, "agrees": OUTCOMES[outcome], "seeds": seeds})
-    return sorted(rows, key=_exercise_key)
-
-
-def render_index(out: Path) -> str:
-    rows = index_rows(out)
-    named = {x for r in rows for x in r["exercises"]}
-    return ENV.get_template("findings_index.md.j2").render(
-        rows=rows, missing=[x for x in EXERCISES if x not in named and x != PROOF], proof=PROOF, proof_test=PROOF_TEST)

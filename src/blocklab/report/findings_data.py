@@ -11,16 +11,22 @@ from pathlib import Path
 from blocklab import folder, study_folder
 from blocklab.errors import ConfigError
 from blocklab.hardware import source_commit
+from blocklab.paths import CONF_DIR
 from blocklab.report.build import _value
-from blocklab.report.collect import UnreadableRun
+from blocklab.report import references
+from blocklab.report.collect import UnreadableRun, saved_config
 from blocklab.report.common import order
 from blocklab.results import RESULTS_FILE, swept_overrides
 
 FORMAT = 1  # the jsonl layout; a page refuses a file of another
+SWEEPS = CONF_DIR / "sweep"
+# A claim's keys that say how its learned gate applies (report/learned.py), not what it claims: where the data's
+# claim lacks one its sweep file now declares, the page takes it and says so (GATE_NOTE).
+GATE_KEYS = ("one_side_learns", "cost_only")
 # The fields of results.json a page uses (and the eval rows' columns it reads); nothing else is kept.
 JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match", "final_val_loss", "params",
               "tokens_per_s", "train_time_s", "steps", "machine", "commit")
-EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss")
+EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss", "next_sentence_acc")
 STUDY_FIELDS = ("name", "scale", "question", "exercise", "source", "paper", "compare", "metrics", "verdict",
                 "baseline", "page")
 
@@ -32,7 +38,8 @@ def _plain(value):
 
 
 def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) -> dict:
-    """One job's line: its setting (the study's compare keys), seed, what it varied, and the fields a page uses."""
+    """One job's line: its setting (the study's compare keys), seed, what it varied, the fields a page uses, and
+    its task's reference levels (chance, and the bar at which it learned: tasks/references.py)."""
     swept = row.get("overrides") or {}  # a key the sweep adds (+modification=...) is named without its +
     record = {"job": Path(row["run"]).name,
               "setting": {k: _plain(row[k] if k in row else swept.get(f"+{k}")) for k in keys},
@@ -41,7 +48,16 @@ def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) ->
     record.update({f: _plain(results.get(f)) for f in JOB_FIELDS})
     record["eval"] = [{f: _plain(e.get(f)) for f in EVAL_FIELDS} for e in results.get("eval") or []]
     record["metrics"] = {m: _plain(_value(row, m)) for m in metrics}
+    record["claims"] = _plain(row.get("claims"))  # the fingerprint of the claims the run was measured under
+    # The task's reference levels: recorded by the run, else computed from its saved task config (older folders)
+    record["references"] = references.of_run(results, saved_config(Path(row["run"])))
     return record
+
+
+def records(study: dict, members: list[dict], metrics: list[str]) -> list[dict]:
+    """The job lines of a study's runs (collect's rows), as the page reads them."""
+    keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
+    return [job_record(r, _results(r["run"]), keys, metrics) for r in members]
 
 
 def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
@@ -79,7 +95,29 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
             "train_time_s": round(sum(r.get("train_time_s") or 0.0 for r in results), 1),
             "commit": ", ".join(commits) if commits else source_commit(),
             "commit_recorded": bool(commits),
-            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__, **(extra or {})}
+            "date": datetime.date.today().isoformat(), "matplotlib": matplotlib.__version__,
+            **_decided(rows), **(extra or {})}
+
+
+DECIDE_FILE = "decide.json"  # python -m blocklab.decide's record, in the sweep folder
+DECIDE_KEYS = ("design", "alpha", "seeds", "seeds_run", "claims_hash", "command", "claims")
+
+
+def _decided(rows: list[dict]) -> dict:
+    """{"decide": the sweep folder's decide.json (its keys a page reads)} where there is one, else {}."""
+    parents = {str(Path(r["run"]).parent) for r in rows if r.get("run")}
+    if len(parents) != 1:
+        return {}
+    sweep = Path(parents.pop())
+    if not folder.exists(sweep, DECIDE_FILE):
+        return {}
+    try:
+        record = folder.read_json(sweep, DECIDE_FILE)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, RecursionError) as err:
+        raise UnreadableRun(sweep / DECIDE_FILE, f"{type(err).__name__}: {err}") from None
+    return {"decide": {k: record.get(k) for k in DECIDE_KEYS}} if isinstance(record, dict) else {}
 
 
 def _results(run: str) -> dict:
@@ -118,8 +156,40 @@ def _planned(measured: list[str]) -> dict:
             "not_run": [m for m in [BASELINE, *planned.jobs] if m not in set(measured)]}
 
 
+def sweep_study(name: str) -> dict:
+    """A sweep file's study block, unresolved (interpolations stay text): the package's own config, not a folder's."""
+    from omegaconf import OmegaConf
+
+    study = OmegaConf.load(SWEEPS / f"{name}.yaml").get("study") or {}
+    return OmegaConf.to_container(study, resolve=False)
+
+
+def _claims(verdict) -> list:
+    return [verdict, *(verdict.get("also") or [])] if isinstance(verdict, dict) else []
+
+
+def with_gate_keys(meta: dict) -> dict:
+    """The header with each claim's GATE_KEYS taken from its sweep file where the data's claim (as it was at run
+    time) lacks them, matched by the claim's words; `gate_declared_later` lists the claims that took one."""
+    name = meta.get("study", {}).get("name")
+    if not isinstance(name, str) or not (SWEEPS / f"{name}.yaml").is_file():
+        return meta
+    now = {c.get("claim"): c for c in _claims(sweep_study(name).get("verdict")) if isinstance(c, dict)}
+    later = []
+    for number, claim in enumerate(_claims(meta["study"].get("verdict")), 1):
+        current = now.get(claim.get("claim")) if isinstance(claim, dict) else None
+        for key in GATE_KEYS if current else ():
+            if key not in claim and key in current:
+                claim[key] = current[key]
+                later.append(f"claim {number}: {key}={str(current[key]).lower()}")
+    if later:
+        meta["gate_declared_later"] = later
+    return meta
+
+
 def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
-    """A findings file: its header and its jobs. ConfigError (one line) where it is not one."""
+    """A findings file: its header (with the gate keys its sweep file declared later: with_gate_keys) and its jobs.
+    ConfigError (one line) where it is not one."""
     try:
         lines = [json.loads(line) for line in folder.read_text(path.parent, path.name).splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # FolderError: its own line
@@ -128,4 +198,4 @@ def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
     if not lines or not isinstance(lines[0], dict) or lines[0].get("format") != FORMAT:
         raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
                           "blocklab.report SWEEP_DIR --findings docs/findings")
-    return lines[0], lines[1:]
+    return with_gate_keys(lines[0]), lines[1:]

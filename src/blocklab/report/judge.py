@@ -13,24 +13,34 @@ time) it counts as the worst value of that metric on the page, and the sentence 
 pair is named, left out of the test, and the claim marked. A diverged run stays in the groups (and so in the
 table and the figure): it is data. A metric that takes one value on every compared run cannot carry a verdict.
 
+Before any test, the learned gate (learned.py): a claim whose compared settings did not learn their task (on any
+metric: in-distribution, training loss, diverged, speed) is not testable, and its sentence says why first. A claim
+that one side cannot learn what the other does (`one_side_learns: true`) needs only the winning side to have
+learned; a claim about cost alone (`cost_only: true`) has no gate.
+
 A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
-why, and min_effect: the smallest difference that matters, in the metric's units (a positive number).
+why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns
+and cost_only.
 
 Outcomes: yes (decided, the claimed way), no (decided, the other way), not distinguishable (at N seeds, whatever
 the means say), no difference that matters (decided, but the interval lies inside the claim's ±min_effect), not
-testable (a constant metric), not at this scale (a setting compared beyond its training lengths never learned
-them), not measured."""
+testable (a compared setting did not learn, or a constant metric), not measured."""
 import math
 from dataclasses import dataclass
 
 from blocklab.report import stats
-from blocklab.report.build import _direction, beyond_training, learning
+from blocklab.report.build import _direction
+from blocklab.report.claims import claims_hash
 from blocklab.report.common import group, order
-from blocklab.results import LEARNED_THRESHOLD
+from blocklab.report.learned import gate, learned  # noqa: F401 (learned: the pages' API)
 
 KEPT = ("completed", "diverged")  # the runs a page shows: a diverged run is data, not a missing row
 OUTCOMES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "no difference that matters",
-            "const": "not testable", "scale": "not at this scale", "none": "not measured"}
+            "const": "not testable", "learn": "not testable", "none": "not measured"}
+# The index's "agrees" column: exactly these four words (a difference inside min_effect is not one that matters;
+# a claim not measured cannot be tested yet)
+AGREES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "not distinguishable",
+          "const": "not testable", "learn": "not testable", "none": "not testable"}
 
 
 # ---------------------------------------------------------------- the jsonl's runs, grouped
@@ -49,19 +59,18 @@ def metric_of(job: dict, metric: str):
     return job["metrics"].get(metric) if metric in job["metrics"] else job.get(metric)
 
 
-def learned(groups: dict[tuple, list[dict]]):
-    """The HTML report's rule (build.learning): a setting learned when its seeds' mean in-distribution exact match
-    reaches the threshold one run is held to."""
-    return learning({k: [{"exact_match_in": j.get("in_distribution_exact_match")} for j in members]
-                     for k, members in groups.items()})
-
-
 def _matches(job: dict, spec: dict) -> bool:
     return all(str(job["setting"].get(k, job["choices"].get(k))) == str(v) for k, v in spec.items())
 
 
 def spec_label(spec) -> str:
     return ", ".join(f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in spec.items()) if isinstance(spec, dict) else ""
+
+
+def _settings(groups, spec) -> list[list[dict]]:
+    """The runs of each setting that matches `spec`, one list per setting."""
+    spec = spec if isinstance(spec, dict) else {}
+    return [m for m in ([j for j in members if _matches(j, spec)] for members in groups.values()) if spec and m]
 
 
 def select(groups, spec) -> tuple[str, list[dict]]:
@@ -162,30 +171,48 @@ def _pair(meta: dict, jobs: list[dict], claim: dict, words: dict, a: list[dict],
                   stats.paired_t([x - y for x, y in zip(xs, ys)]))
 
 
+def sides(meta: dict, jobs: list[dict], claim: dict) -> tuple[tuple[str, list[dict]], tuple[str, list[dict]]]:
+    """The claim's two sides within its `where`: (label, runs) of `better`, then of `than`."""
+    groups = _within(meta, jobs, claim)
+    return select(groups, claim.get("better")), select(groups, claim.get("than"))
+
+
+def _within(meta: dict, jobs: list[dict], claim: dict) -> dict:
+    """The page's settings (name -> runs) restricted to the claim's `where`, empty ones dropped."""
+    where = claim.get("where") or {}
+    groups = {k: [j for j in m if _matches(j, where)] for k, m in groups_of(meta, jobs).items()}
+    return {k: m for k, m in groups.items() if m}
+
+
+def differences(meta: dict, jobs: list[dict], claim) -> list[float] | str:
+    """The claim's per-seed differences A - B as the page pairs them (the worst value standing in where the
+    page's rule says so, incomplete pairs left out), or the sentence saying why it cannot be tested."""
+    t = _test(meta, jobs, claim)
+    return t.sentence if isinstance(t, Verdict) else [x - y for x, y in zip(t.a, t.b)]
+
+
+def higher_is_better(metric: str) -> bool:
+    return _direction(metric) is not False
+
+
 def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:
     study = meta["study"]
     if not isinstance(claim, dict) or not isinstance(claim.get("metric"), str):
         return Verdict("none", "The sweep file states no claim to test (study.verdict).")
-    metric, where = claim["metric"], claim.get("where") or {}
-    groups = {k: [j for j in m if _matches(j, where)] for k, m in groups_of(meta, jobs).items()}
-    groups = {k: m for k, m in groups.items() if m}
-    (a_name, a), (b_name, b) = select(groups, claim.get("better")), select(groups, claim.get("than"))
+    metric = claim["metric"]
+    (a_name, a), (b_name, b) = sides(meta, jobs, claim)
     words = {"claim": claim.get("claim") or f"{a_name} beats {b_name} on {metric}", "a": a_name, "b": b_name,
              "paper": claim.get("paper") or study.get("paper") or "the paper", "metric": metric,
              "scale": claim.get("paper_scale") or "a larger scale",
              "why": f" ({claim['why']})" if claim.get("why") else ""}  # what the sweep found out about why
     if not a or not b:
         return Verdict("none", f"{words['claim']}: no completed or diverged run of {a_name if not a else b_name} here.")
-    if beyond_training(metric):
-        for label, members in ((a_name, a), (b_name, b)):
-            scores = stats.finite([j.get("in_distribution_exact_match") for j in members])
-            if scores and sum(scores) / len(scores) < LEARNED_THRESHOLD:
-                k = sum(x >= LEARNED_THRESHOLD for x in scores)
-                return Verdict("scale", (
-                    f"{words['claim']}: not testable at this scale, because {label} did not learn its training "
-                    f"lengths (in-distribution exact match {stats.fmt(sum(scores) / len(scores))}, {k} of "
-                    f"{len(scores)} seeds ≥ {LEARNED_THRESHOLD:g}); {words['paper']} saw it at {words['scale']}"
-                    f"{words['why']}."))
+    groups = _within(meta, jobs, claim)
+    compared = [(a_name, _settings(groups, claim.get("better"))), (b_name, _settings(groups, claim.get("than")))]
+    if why := gate(claim, compared, lambda j: metric_of(j, metric), _direction(metric)):
+        return Verdict("learn", f"Not testable: {why}. The claim, {words['claim']}, is not judged here"
+                                f"{'' if words['paper'] == 'the paper' else '; ' + words['paper'] + ' saw it at ' + words['scale']}"
+                                f"{words['why']}.")
     return _pair(meta, jobs, claim, words, a, b)
 
 
@@ -235,16 +262,81 @@ def _decide(t: _Pairs, h: stats.Holm, number: int) -> Verdict:
     return Verdict(outcome, sentence + marked, row, floor)
 
 
+# ---------------------------------------------------------------- claims python -m blocklab.decide decided
+SEQUENTIAL = {"yes": "yes", "no": "no", "no difference that matters": "trivial", "not distinguishable": "nd"}
+
+
+def decided(meta: dict) -> dict | None:
+    """The decide record the page's jsonl carries (findings_data: the sweep folder's decide.json), where it was made
+    for the page's claims as they read now (their fingerprint); else None and the fixed-sample rule decides."""
+    record = meta.get("decide")
+    if not isinstance(record, dict) or not isinstance(record.get("claims"), list):
+        return None
+    return record if record.get("claims_hash") == claims_hash(meta["study"].get("verdict")) else None
+
+
+def rule(meta: dict) -> str | None:
+    """The page's line naming the design that decided its claims, where decide did."""
+    record = decided(meta)
+    if record is None:
+        return None
+    seeds = record.get("seeds") or {}
+    return (f"The claims were decided by python -m blocklab.decide: a {record.get('design')} (family-wise "
+            f"{record.get('alpha')}; {seeds.get('min')} to {seeds.get('max')} seeds, {record.get('seeds_run')} run). "
+            "Each claim was looked at after every round of seeds; its interval is the repeated confidence interval "
+            "at that look's nominal level, so looking again did not inflate the error rate. A claim it decided "
+            "shows that design's numbers, not the fixed-sample test's.")
+
+
+def _sequential(t: _Pairs, c: dict, number: int) -> Verdict:
+    """A claim's verdict as decide's design reached it (its record `c`)."""
+    w, outcome, mean, level = t.words, SEQUENTIAL[c["outcome"]], c["mean"], c["nominal_level"]
+    low, high = c["interval"]
+    said = (f"paired difference over {c['pairs']} seeds {stats.signed(mean)} [{stats.fmt(low, mean)}, "
+            f"{stats.fmt(high, mean)}] (repeated {stats.confidence(level)} interval), p {stats.p_is(c['p'])} against "
+            f"the look's nominal level {level:.3g}")
+    sentence = {"yes": f"{w['claim']}: {said}: agrees with {w['paper']}.",
+                "no": f"{w['claim']}? {said}, the other way: contradicts {w['paper']} at this scale{w['why']}.",
+                "trivial": f"{w['claim']}? No difference that matters: {said}, inside ±{c.get('min_effect')} (the "
+                           f"claim's min_effect){w['why']}.",
+                "nd": f"{w['claim']}? Not distinguishable at {c['pairs']} seeds, the most study.seeds allows: {said}; "
+                      f"{w['paper']} saw it at {w['scale']}{w['why']}."}[outcome]
+    sd = c.get("sd") if isinstance(c.get("sd"), (int, float)) else None
+    mde = stats.detectable(sd, c["pairs"], level) if sd is not None and level > 0 else None
+    row = [str(number), f"{w['a']} − {w['b']}", w["metric"], str(c["pairs"]),
+           f"{stats.signed(mean)} [{stats.fmt(low, mean)}, {stats.fmt(high, mean)}]",
+           f"{stats.confidence(level)} (sequential)", stats.fmt_p(c["p"]), "– (sequential)", "–", stats.fmt(t.sd_b),
+           stats.fmt(mde, sd or None), OUTCOMES[outcome]]
+    floor = (f"{w['b']}'s seed sd on {w['metric']} is {stats.fmt(t.sd_b)}; with {c['pairs']} seeds paired, the smallest "
+             f"difference a paired t-test at the last look's nominal level (α = {level:.3g}) detects with "
+             f"{stats.POWER:.0%} power is {stats.fmt(mde, sd or None)} ((t_(1−α/2, n−1) + t_(0.8, n−1)) · sd / √n, from "
+             f"the observed sd of the per-seed differences, {stats.fmt(sd)})") if mde is not None else None
+    return Verdict(outcome, sentence + " Decided by the group-sequential design (python -m blocklab.decide).", row,
+                   floor)
+
+
+def _from_decide(record: dict | None, number: int, claim) -> dict | None:
+    if record is None or number > len(record["claims"]) or not isinstance(claim, dict):
+        return None
+    c = record["claims"][number - 1]
+    usable = (isinstance(c, dict) and c.get("claim") == claim.get("claim") and c.get("outcome") in SEQUENTIAL
+              and isinstance(c.get("interval"), list) and None not in c["interval"]
+              and all(isinstance(c.get(k), (int, float)) for k in ("pairs", "mean", "p", "nominal_level")))
+    return c if usable else None
+
+
 def judge_page(meta: dict, jobs: list[dict]) -> list[Verdict]:
     """Every registered claim of the page, decided together: Holm over all of them (a claim not tested counts in
-    m and is never rejected)."""
+    m and is never rejected); a claim python -m blocklab.decide decided, by its group-sequential design."""
     tests = [_test(meta, jobs, claim) for claim in claims(meta)]
     if not tests:
         return [Verdict("none", "The sweep file states no claim to test (study.verdict).")]
     holm = stats.holm([t.paired.p if isinstance(t, _Pairs) and t.paired else None for t in tests])
-    out = []
+    record, out = decided(meta), []
     for number, (t, h) in enumerate(zip(tests, holm), 1):
-        if isinstance(t, _Pairs):
+        if isinstance(t, _Pairs) and (c := _from_decide(record, number, t.claim)):
+            out.append(_sequential(t, c, number))
+        elif isinstance(t, _Pairs):
             out.append(_decide(t, h, number))
         else:
             c = claims(meta)[number - 1]

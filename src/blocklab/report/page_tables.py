@@ -8,9 +8,9 @@ import math
 from blocklab.report import stats
 from blocklab.report.build import _direction
 from blocklab.report.common import name as setting_name
-from blocklab.report.judge import keys_of as _keys, learned, metric_of as _metric
+from blocklab.report.judge import keys_of as _keys, metric_of as _metric
+from blocklab.report.learned import learned
 from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, best_named, working
-from blocklab.results import LEARNED_THRESHOLD
 
 
 def verdict_metric(meta: dict) -> str:
@@ -61,7 +61,7 @@ def _tuned_table(meta: dict, groups, best: dict) -> dict:
     higher = _direction(metric) is not False
     metrics = [m for m in meta["study"].get("metrics") or [] if isinstance(m, str)] or [metric]
     learn = learned(groups)
-    header = ["setting", "best lr", "seeds", "learned (seeds ≥ %g)" % LEARNED_THRESHOLD,
+    header = ["setting", "best lr", "seeds", "learned (seeds)",
               *(f"{m} mean [95% CI]" for m in metrics),
               f"lrs within {FRACTION:g} of best"]
     body = []
@@ -96,7 +96,7 @@ def _cell(members: list[dict], metric: str) -> str:
 def _table(meta: dict, groups) -> dict:
     metrics = [m for m in meta["study"].get("metrics") or [] if isinstance(m, str)] or ["final_val_loss"]
     learn = learned(groups)
-    header = ["setting", "seeds", "learned (seeds ≥ %g)" % LEARNED_THRESHOLD, *(f"{m} mean [95% CI]" for m in metrics)]
+    header = ["setting", "seeds", "learned (seeds)", *(f"{m} mean [95% CI]" for m in metrics)]
     body = []
     for key, members in groups.items():
         e = learn.get(key)

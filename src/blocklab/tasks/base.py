@@ -15,6 +15,7 @@ from blocklab.analysis.metrics import attention_on
 from blocklab.model.generate import generate
 from blocklab.tasks.interface import Task, stream_steps
 from blocklab.tasks.placement import STREAMS, Placement
+from blocklab.tasks.references import LEARNED_EXACT_MATCH, Level, References
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"  # BOS starts an encoder-decoder's target
 IGNORE = -100  # cross-entropy ignore_index: no loss on prompt or padding
@@ -190,6 +191,16 @@ class SequenceTask(Task):
         """The streams named in `supplies`, over the prompt and max_answer_len(length) tokens after it,
         from the prompt alone (decoding reads them before the answer exists)."""
         return {}
+
+    def references(self) -> References:
+        """Learned: in-distribution exact match >= 0.9. Chance loss: ln of the number of distinct tokens the
+        answers hold (a uniform guess over them), counted on 256 examples drawn over the training lengths."""
+        rng = random.Random(0)
+        seen = set()
+        for _ in range(256):
+            seen.update(self.sample(rng, rng.randint(self.min_len, self.max_len)).answer)
+        return References((Level("learned", "exact_match", LEARNED_EXACT_MATCH),),
+                          (Level("chance", "loss", math.log(max(len(seen), 1))),))
 
     def hints_needed(self, length: int) -> int:
         """How many consecutive index hints an example of `length` uses (a task with index hints says)."""

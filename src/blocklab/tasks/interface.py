@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.data import get_worker_info
 
 from blocklab.registry import Registry
+from blocklab.tasks.references import References
 
 # The longest sequence (prompt and answer, or an LM window) a task builds. Past it one head's attention scores
 # for one example exceed 4 GiB in float32 and building an evaluation set takes minutes on a CPU; no experiment
@@ -90,6 +91,11 @@ class Task(ABC):
     @abstractmethod
     def probe_batch(self, n: int) -> dict:
         """A fixed batch of n examples for diagnostics."""
+
+    @abstractmethod
+    def references(self) -> References:
+        """The task's reference levels (tasks/references.py): chance, and the bar at which a run has learned it.
+        results.json records them, and a findings page judges every compared setting against them."""
 
 
 TASKS: Registry[type[Task]] = Registry("task.name", framework_args=("seed", "seq2seq", "symbols", "placement"))

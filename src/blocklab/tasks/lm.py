@@ -14,6 +14,7 @@ from blocklab.errors import ConfigError
 from blocklab.tasks.base import ddp_rank, device_of, on_device
 from blocklab.tasks.corpus import cache_key, load_corpus, source_key
 from blocklab.tasks.interface import TASKS, Task, stream_steps
+from blocklab.tasks.references import Level, References, bigram_loss, unigram_loss
 from blocklab.tasks.tokenizer import tokenizer_errors, train_tokenizer
 
 CACHE_FORMAT = 1
@@ -104,6 +105,16 @@ class LMTask(Task):
 
     def tokenizer(self) -> Tokenizer:
         return self.tok
+
+    def references(self) -> References:
+        """The corpus' own baselines, fitted on its training split and scored on its validation split: the unigram
+        and bigram losses. Learned: a validation loss below the bigram's (a model that has learned less than which
+        token follows which has not learned the language)."""
+        vocab = self.vocab_size
+        unigram = unigram_loss(self.train_ids, self.val_ids, vocab)
+        bigram = bigram_loss(self.train_ids, self.val_ids, vocab)
+        return References((Level("bigram", "loss", bigram),),
+                          (Level("unigram", "loss", unigram), Level("chance", "loss", math.log(vocab))))
 
     def train_batches(self, start_step: int = 0) -> "RandomWindows":
         return RandomWindows(torch.from_numpy(self.train_ids.astype(np.int64)), self.block_size, self.batch_size,

@@ -28,6 +28,7 @@ from blocklab.schema import SEED_MAX
 from blocklab.tasks.base import IGNORE, ddp_rank, device_of, model_inputs, on_device
 from blocklab.tasks.interface import TASKS, stream_steps
 from blocklab.tasks.lm import LMTask, RandomWindows
+from blocklab.tasks.references import Level, References, chance_bar, unigram_loss
 
 MASK, CLS, SEP = "[MASK]", "[CLS]", "[SEP]"
 MASK_STREAM = 0x6D6C6D << 32  # keeps the masks' random stream apart from the windows' (same seed and step)
@@ -125,6 +126,15 @@ class MLMTask(LMTask):
             errs.append(f"task.nsp=true with task.block_size={block}: a pair [CLS] A [SEP] B [SEP] needs at least "
                         "5 tokens; raise block_size")
         return errs
+
+    def references(self) -> References:
+        """Chance loss ln V over the corpus' tokens, and the unigram loss: a masked token guessed without its
+        context. Learned: a validation loss below the unigram's and, with next-sentence prediction, a pair
+        classifier halfway from chance (0.5) to perfect."""
+        unigram = unigram_loss(self.train_ids, self.val_ids, self.n_corpus_tokens)
+        learned = (Level("unigram", "loss", unigram), *((chance_bar("next_sentence_acc", 0.5),) if self.nsp else ()))
+        return References(learned, (Level("chance", "loss", math.log(self.n_corpus_tokens)),
+                                    *((Level("chance", "next_sentence_acc", 0.5),) if self.nsp else ())))
 
     def mask(self, tokens: Tensor, generator: torch.Generator,
              maskable: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -28,6 +28,7 @@ from torch.utils.data import IterableDataset
 
 from blocklab.tasks.base import IGNORE, ddp_rank, device_of
 from blocklab.tasks.interface import TASKS, Task, stream_steps
+from blocklab.tasks.references import Level, References, chance_bar
 
 ZOOLOGY_TEST_BUCKETS = [[64, 4], [128, 8], [256, 16], [256, 32], [256, 64]]
 
@@ -185,6 +186,13 @@ class MQARTask(Task):
 
     def probe_batch(self, n: int) -> dict:
         return {key: value[:n] for key, value in self.eval_set(self.num_kv_pairs).items()}
+
+    def references(self) -> References:
+        """Chance: a guess among the V - V//2 values (2/V, Zoology's vocabulary halves), and its loss; learned
+        halfway from that chance accuracy to perfect recall."""
+        values = self._vocab_size - self._vocab_size // 2
+        return References((chance_bar("token_acc", 1 / values),),
+                          (Level("chance", "token_acc", 1 / values), Level("chance", "loss", math.log(values))))
 
     def rows_per_batch(self, pairs: int) -> int:
         """Evaluation rows per forward pass: the logits at the queries (rows x pairs x vocab: the model computes them

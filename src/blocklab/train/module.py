@@ -12,6 +12,7 @@ from torchmetrics import MeanMetric
 
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.moe import load_and_drops, routed_layers, routing_summary
+from blocklab.optim import build_optimizer, saved_state_parts
 from blocklab.schedule import SCHEDULES, schedule
 from blocklab.tasks.base import IGNORE, model_inputs
 
@@ -19,23 +20,6 @@ from blocklab.tasks.base import IGNORE, model_inputs
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     """Linear warmup to 1, then cosine decay to min_ratio at `total` steps (optim.schedule=cosine, nanoGPT's)."""
     return SCHEDULES["cosine"]({"warmup_steps": warmup, "lr": 1.0, "min_lr": min_ratio}, total)(step)
-
-
-def build_optimizer(model: torch.nn.Module, optim: dict) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings only. The fused kernel does the same update
-    as the default per-tensor loop in one pass over all parameters, which shortens a small model's CPU
-    step markedly (`python -m blocklab.bench step` times the step)."""
-    decay, no_decay = optimizer_params(model)
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=optim["lr"], betas=tuple(optim["betas"]), fused=True,
-    )
-
-
-def optimizer_params(model: torch.nn.Module) -> tuple[list, list]:
-    """The parameters AdamW decays (matrices and embeddings) and those it does not: its two groups, in its order."""
-    params = list(model.parameters())
-    return [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
 
 
 def scored_positions(target: torch.Tensor) -> torch.Tensor | None:
@@ -132,7 +116,9 @@ class LitTransformer(L.LightningModule):
         return self.losses(batch, reduction, model)[0]
 
     def losses(self, batch, reduction: str = "mean", model=None) -> tuple:
-        """(token loss, next-sentence loss or None): a batch of sentence pairs (`is_next`) is also classified."""
+        """(token loss, next-sentence loss or None, z-loss or None): a batch of sentence pairs (`is_next`) is also
+        classified; under optim.z_loss = c > 0 the third is c * mean(log^2 Z) over the scored positions, Z the
+        softmax's normalizer (PaLM, Chowdhery et al. 2022, §5: c = 1e-4, to keep log Z near 0 for stability)."""
         pairs = "is_next" in batch
         target = batch["target"].flatten()
         read = scored_positions(target)  # None: the loss reads every position
@@ -148,14 +134,16 @@ class LitTransformer(L.LightningModule):
         # The loss over the scored positions only: the same value as cross-entropy over all of them with
         # ignore_index (its mean divides by the scored count; reduction="none" gives the scored ones' losses).
         loss = F.cross_entropy(logits, target, reduction=reduction)
-        return loss, (F.cross_entropy(sentence, batch["is_next"].long()) if pairs else None)
+        z_weight = self.optim.get("z_loss", 0.0)
+        z_loss = z_weight * torch.logsumexp(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1).square().mean() if z_weight else None
+        return loss, (F.cross_entropy(sentence, batch["is_next"].long()) if pairs else None), z_loss
 
     def on_train_batch_start(self, batch, batch_idx):
         self._step_start = time.perf_counter()
         self._stepped = True
 
     def training_step(self, batch, batch_idx):
-        loss, sentence_loss = self.losses(batch, model=self._train_forward)
+        loss, sentence_loss, z_loss = self.losses(batch, model=self._train_forward)
         # Lightning hands metrics to the logger only every log_every_n_steps, and self.log costs a
         # noticeable part of a small step (`python -m blocklab.bench overhead` times what Lightning
         # adds); so log exactly when it would be written (and always a blown-up loss).
@@ -171,6 +159,10 @@ class LitTransformer(L.LightningModule):
             extra.append(sentence_loss)
         if self.routed:
             extra.append(self._aux_loss(log))
+        if z_loss is not None:
+            if log:
+                self.log("train/z_loss", z_loss)
+            extra.append(z_loss)
         if not extra:
             return loss
         return {"loss": loss + sum(extra), "task_loss": loss.detach()}
@@ -293,25 +285,27 @@ def _weights_error(state_dict: dict, model: torch.nn.Module) -> str | None:
 
 
 def _optimizer_error(states: list, model: torch.nn.Module) -> str | None:
-    """AdamW's saved state (torch's Optimizer.state_dict: parameters numbered in group order) against this model's
-    groups: torch checks the group sizes when it loads, but moment tensors of another shape only fail at a step."""
+    """The optimizer's saved state (torch's Optimizer.state_dict: parameters numbered in group order; Muon's a part
+    per inner optimizer) against this model's groups: torch checks the group sizes when it loads, but moment tensors
+    of another shape only fail at a step."""
     if len(states) != 1 or not isinstance(states[0], dict):
         return "its optimizer_states is not the state of one optimizer"
-    groups, state = states[0].get("param_groups"), states[0].get("state")
-    params = optimizer_params(model)
-    if not isinstance(groups, list) or not isinstance(state, dict) or len(groups) != len(params) \
-            or any(not isinstance(group, dict) or not isinstance(group.get("params"), list) for group in groups):
-        return "its optimizer state is not AdamW's (param_groups and state)"
-    ids = [i for group in groups for i in group["params"]]
-    if [len(group["params"]) for group in groups] != [len(group) for group in params] \
-            or not all(isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
-        return "its optimizer state is for other parameters than this config's model has"
-    shapes = dict(zip(ids, (tuple(p.shape) for group in params for p in group)))
-    for i, moments in state.items():
-        if i not in shapes or not isinstance(moments, dict) or not isinstance(moments.get("step"), torch.Tensor) \
-                or any(not isinstance(moments.get(key), torch.Tensor) or tuple(moments[key].shape) != shapes[i]
-                       for key in ("exp_avg", "exp_avg_sq")):
-            return f"its optimizer state for parameter {i} does not fit this config's model"
+    for name, saved, params, moments in saved_state_parts(model, states[0]):
+        groups, state = saved.get("param_groups") if isinstance(saved, dict) else None, \
+            saved.get("state") if isinstance(saved, dict) else None
+        if not isinstance(groups, list) or not isinstance(state, dict) or len(groups) != len(params) \
+                or any(not isinstance(group, dict) or not isinstance(group.get("params"), list) for group in groups):
+            return f"its optimizer state is not {name} (param_groups and state)"
+        ids = [i for group in groups for i in group["params"]]
+        if [len(group["params"]) for group in groups] != [len(group) for group in params] \
+                or not all(isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
+            return f"its optimizer state ({name}) is for other parameters than this config's model has"
+        shapes = dict(zip(ids, (tuple(p.shape) for group in params for p in group)))
+        for i, saved_moments in state.items():
+            if i not in shapes or not isinstance(saved_moments, dict) \
+                    or any(not isinstance(saved_moments.get(key), torch.Tensor) for key in moments) \
+                    or any(tuple(saved_moments[key].shape) != shapes[i] for key in moments if key != "step"):
+                return f"its optimizer state ({name}) for parameter {i} does not fit this config's model"
     return None
 
 

@@ -15,7 +15,7 @@ from blocklab.train.costs import costs, decode_at
 from blocklab.train.job import beside_other_jobs
 
 
-def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true") -> dict:
+def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true", optimizer: str = "adamw") -> dict:
     """What was run, named by what the model computes (field overrides included)."""
     return {
         "norm": model_cfg.norm.name, "pos": model_cfg.pos.name, "act": model_cfg.act.name,
@@ -26,6 +26,7 @@ def choices(model_cfg: ModelConfig, seed: int, precision: str | int = "32-true")
         "precision": PRECISIONS[precision], "placement": placement_label(model_cfg.pos),
         # the scheme as applied: "none" where pos=none, or RoPE on a kind that skips it (GLA, DeltaNet by default)
         "positions": model_cfg.pos.name if model_cfg.positions_applied else "none",
+        "optim": optimizer,
     }
 
 
@@ -109,6 +110,8 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "costs": costs(lit.model, task),
         # MoE: each expert's share of the training assignments and the fraction dropped, per layer (null: no MoE).
         "moe": lit.routing,
+        # The task's chance levels and the bar at which it is learned (tasks/references.py), for the report.
+        "references": task.references().as_dict(),
     }
     # Whether the task was learned on the training lengths at all (null for a task without exact match):
     # below results.LEARNED_THRESHOLD the summary warns that the lengths beyond training say little.

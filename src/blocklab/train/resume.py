@@ -13,9 +13,9 @@ from blocklab.results import CHECKPOINT, SAVED_CONFIG, flatten
 
 # What a user can do about a checkpoint that cannot be resumed.
 RESUME_FIX = "delete it to start over, or run with resume=false (it is then kept aside)"
-# Keys BlockLab had and removed, which never changed what a run computes: a run saved with them still resumes.
-# study.pack_seeds trained a setting's seeds as one batched model (docs/decisions/seed-packing.md).
-RETIRED_KEYS = frozenset({"study.pack_seeds"})
+# The sweep file's description of itself: never what a job trains (changes_results). A key BlockLab removed from it
+# still resumes so: study.pack_seeds trained a setting's seeds as one batched model (docs/decisions/seed-packing.md).
+STUDY = "study"
 
 
 def changes_results(key: str) -> bool:
@@ -23,10 +23,14 @@ def changes_results(key: str) -> bool:
     The rule is the one that keeps keys out of sweep job names (logger, diagnostics, checkpoint_every, resume,
     run_dir do not change results); a group listed there takes all its keys with it, `+logger.entity` too.
     Configs are compared resolved, so a listed knob that other keys derive from (study.scale) still refuses
-    through them (trainer.max_steps). Hydra's own settings are not in the config."""
+    through them (trainer.max_steps). Hydra's own settings are not in the config. No `study.*` key changes results:
+    the study block describes the sweep for its page (question, claims, paper, notes, plots, seeds), and what a job
+    trains from it reaches the job through an interpolation (trainer.max_steps: ${mul:200,${study.scale}}, attn.window:
+    ${study.window...}), whose resolved value is compared; so editing a claim or a note leaves a sweep folder fresh."""
     parts = key.split(".")
-    return key not in RETIRED_KEYS and not any(".".join(parts[:depth]) in job_name_excluded_keys()
-                                               for depth in range(1, len(parts) + 1))
+    if parts[0] == STUDY:
+        return False
+    return not any(".".join(parts[:depth]) in job_name_excluded_keys() for depth in range(1, len(parts) + 1))
 
 
 def config_differences(saved: dict, current: dict, set_now: frozenset[str] = frozenset()) -> list[str]:

@@ -113,7 +113,8 @@ def train_and_evaluate(config: RunConfig) -> float | None:
     if warning and is_rank_zero:
         print(warning, file=sys.stderr)
     L.seed_everything(config["seed"], workers=True, verbose=False)
-    picked = choices(setup.model_cfg, config["seed"], config["trainer"].get("precision", "32-true"))
+    picked = choices(setup.model_cfg, config["seed"], config["trainer"].get("precision", "32-true"),
+                     config["optim"].get("name", "adamw"))
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
         f"-h{picked['n_heads']}-s{picked['seed']}"
     lit = LitTransformer(setup.model_cfg, config["optim"],

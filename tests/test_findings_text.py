@@ -1,0 +1,144 @@
+"""A findings page's words on hand-made page data (report/learned.py, page_text.py, findings_index.py): a claim over
+settings that did not learn is "not testable" with the reason first, whatever its metric; a claim that one side
+learns what the other cannot needs only its winner to have learned; a claim about cost alone has no gate; an LM
+learned below its bigram loss; the answer names the best setting and those not distinguishable from it; the index's
+answers stay within 140 characters and its "agrees" column within four words."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from blocklab.report import findings_index, learned, page_text
+from blocklab.report.judge import AGREES, judge
+from blocklab.tasks.references import Level
+
+ROOT = Path(__file__).resolve().parents[1]
+COPY = {"learned": [{"name": "learned", "metric": "exact_match", "value": 0.9}],
+        "lines": [{"name": "chance", "metric": "loss", "value": 2.833}]}
+LM = {"learned": [{"name": "bigram", "metric": "loss", "value": 2.5}],
+      "lines": [{"name": "unigram", "metric": "loss", "value": 3.3}]}
+SETUP = {"format": 1, "sweep": "x", "jobs": 6, "seeds": [0, 1, 2], "task": ["copy"], "d_model": [64], "n_layers": [2],
+         "n_heads": [4], "steps": [10], "scale": 1, "machines": {}, "train_time_s": 1.0, "commit": None,
+         "commit_recorded": False, "date": "d", "command": "c", "report": "r"}
+
+
+def _meta(metric: str, **claim) -> dict:
+    return {**SETUP, "study": {"name": "x", "compare": ["pos"], "metrics": [metric], "paper": "P",
+                               "verdict": {"claim": "A beats B", "metric": metric, "better": {"pos": "a"},
+                                           "than": {"pos": "b"}, **claim}}}
+
+
+def _jobs(metric: str, values: dict[str, list[float]], learned: dict[str, float], refs=COPY) -> list[dict]:
+    """Runs of pos=<name>, one per seed; `learned`: each setting's in-distribution exact match (copy) or validation
+    loss (an LM, refs=LM)."""
+    out = []
+    for name, vs in values.items():
+        for seed, v in enumerate(vs):
+            level = learned[name]
+            em, loss = (level, 1.0) if refs is COPY else (None, level)
+            out.append({"job": f"{name}-{seed}", "setting": {"pos": name}, "seed": seed, "choices": {},
+                        "status": "completed", "in_distribution_exact_match": em, "final_val_loss": loss,
+                        "metrics": {metric: v}, "references": refs,
+                        "eval": [{"length": 4, "in_distribution": True, "exact_match": em, "loss": loss}]})
+    return out
+
+
+@pytest.mark.parametrize("metric, values", [
+    ("final_train_loss", {"a": [1.0, 1.1, 1.2], "b": [2.0, 2.2, 2.1]}),  # a training loss
+    ("tokens_per_s", {"a": [900, 950, 1000], "b": [100, 120, 110]}),  # a speed from the training jobs
+    ("diverged", {"a": [0, 0, 0], "b": [1, 1, 1]}),
+])
+def test_a_claim_over_settings_that_did_not_learn_is_not_testable_on_any_metric(metric, values):
+    jobs = _jobs(metric, values, {"a": 0.3, "b": 0.95})
+    outcome, sentence = judge(_meta(metric), jobs)
+    assert outcome == "learn" and AGREES[outcome] == "not testable"
+    assert sentence.startswith("Not testable: pos=a did not learn its task (pos=a: in-distribution exact match "
+                               "0.300 < 0.900 (0 of 3 seeds clear it))")
+    assert judge(_meta(metric), _jobs(metric, values, {"a": 0.95, "b": 0.95}))[0] != "learn"
+
+
+def test_an_lm_learned_below_its_bigram_loss():
+    values = {"a": [2.0, 2.1, 2.05], "b": [2.6, 2.7, 2.65]}
+    outcome, sentence = judge(_meta("final_val_loss"), _jobs("final_val_loss", values, {"a": 2.05, "b": 2.65}, LM))
+    assert outcome == "learn" and "pos=b: validation loss 2.650 ≥ the bigram's 2.500" in sentence
+    assert judge(_meta("final_val_loss"), _jobs("final_val_loss", values, {"a": 2.05, "b": 2.4}, LM))[0] == "yes"
+
+
+def test_one_side_learns_needs_only_the_winner_to_have_learned_and_cost_only_has_no_gate():
+    """a - b = 0.8, 0.55, 0.7 on exact_match_out: decided at 3 seeds (p = 0.011, as test_findings computes)."""
+    values = {"a": [0.9, 0.8, 0.85], "b": [0.1, 0.25, 0.15]}
+    assert judge(_meta("exact_match_out", one_side_learns=True),
+                 _jobs("exact_match_out", values, {"a": 0.95, "b": 0.1}))[0] == "yes"
+    outcome, sentence = judge(_meta("exact_match_out", one_side_learns=True),
+                              _jobs("exact_match_out", values, {"a": 0.5, "b": 0.95}))
+    assert outcome == "learn" and sentence.startswith("Not testable: the side that scores better, pos=a, did not learn")
+    times = {"a": [10.0, 11.0, 12.0], "b": [20.0, 22.5, 21.0]}
+    assert judge(_meta("ms_per_step", cost_only=True), _jobs("ms_per_step", times, {"a": 0.0, "b": 0.0}))[0] == "yes"
+    assert judge(_meta("ms_per_step"), _jobs("ms_per_step", times, {"a": 0.0, "b": 0.0}))[0] == "learn"
+
+
+def test_the_answer_names_the_best_and_every_setting_not_distinguishable_from_it():
+    """exact_match_in, higher is better. a = 0.90, 0.92, 0.91 is best; a - b = 0.01, -0.01, 0.01 (mean 0.0033, sd
+    0.0115: t = 0.5, p = 0.667) cannot be told from it; a - c = 0.80, 0.81, 0.80 (t = 240, p < 0.001) can, and stays
+    so under Holm over the two comparisons (2 x p)."""
+    values = {"a": [0.90, 0.92, 0.91], "b": [0.89, 0.93, 0.90], "c": [0.10, 0.11, 0.11]}
+    jobs = _jobs("exact_match_in", values, {"a": 0.95, "b": 0.95, "c": 0.1})
+    meta = _meta("exact_match_in")
+    text = page_text.answer_text(meta, jobs)
+    assert text.startswith("The highest exact_match_in is pos=a's, 0.910; not distinguishable from it at 3 seeds "
+                           "(paired by seed, Holm over 2 comparisons): pos=b (0.907).")
+    assert "pos=c" not in text
+    assert page_text.short_answer(meta, jobs, 140) == "exact_match_in: a best (0.910), tied: b"
+    line, rows = page_text.banner(meta, page_text.groups_of(meta, jobs))
+    assert line == "Did every setting learn its task? No: 1 of 3 settings did not; a claim over them is not testable."
+    assert rows == [["pos=c", "0 of 3", "in-distribution exact match 0.100 < 0.900 (0 of 3 seeds clear it)"]]
+    page = page_text.render_page(meta, jobs, None)
+    lines = page.splitlines()
+    assert lines[4].startswith("**Answer.** The highest") and lines[6].endswith("([which, and why](#what-did-not-learn))")
+    assert page.index("**Answer.**") < page.index("### Registered claims") < page.index("### What did not learn")
+
+
+def test_folded_scales_and_long_names_stay_within_the_limit():
+    long = {f"{'v' * 40}{i}": [0.5 + i / 100, 0.5, 0.5 + i / 50] for i in range(12)}
+    jobs = _jobs("exact_match_in", long, dict.fromkeys(long, 0.95))
+    meta = _meta("exact_match_in", better={"pos": "x"}, than={"pos": "y"})
+    parts = [{"scale": s, "outcome": o, "meta": meta, "jobs": jobs} for s, o in ((1, "nd"), (4, "yes"))]
+    folded = findings_index.fold(parts)
+    assert len(folded) <= findings_index.ANSWER_LIMIT
+    assert folded.startswith("at 1x (not distinguishable): ") and "; at 4x (yes): " in folded
+
+
+def _cells(index: str) -> list[list[str]]:
+    rows = [line for line in index.splitlines() if line.startswith("| ") and not line.startswith("| exercise")]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]
+
+
+def test_the_committed_index_answers_in_140_characters_with_four_words_of_agreement():
+    cells = _cells((ROOT / "docs" / "findings" / "README.md").read_text(encoding="utf-8"))
+    assert cells
+    for row in cells:
+        answer = re.sub(r"\\(.)", r"\1", row[2]).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+        assert len(answer) <= findings_index.ANSWER_LIMIT, answer
+        assert row[3] in ("yes", "no", "not distinguishable", "not testable"), row[3]
+    assert set(AGREES.values()) == {"yes", "no", "not distinguishable", "not testable"}
+
+
+def test_scale_pages_fold_into_their_sweep_s_row(tmp_path):
+    values = {"a": [0.9, 0.8, 0.85], "b": [0.1, 0.25, 0.15]}
+    jobs = _jobs("exact_match_in", values, {"a": 0.95, "b": 0.95})
+    for stem, scale in (("zz_base", 1), ("zz_base-scale4", 4)):
+        meta = {**_meta("exact_match_in"), "sweep": stem, "scale": scale}
+        (tmp_path / f"{stem}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [meta, *jobs]))
+    rows = [r for r in findings_index.index_rows(tmp_path) if r["name"].startswith("zz_base")]
+    assert len(rows) == 1 and rows[0]["others"] == [("4x", "zz_base-scale4")]
+    assert rows[0]["answer"].startswith("at 1x: ") and rows[0]["agrees"] == "yes"
+
+
+def test_a_figure_finds_the_reference_levels_of_its_metric():
+    jobs = _jobs("final_val_loss", {"a": [2.0], "b": [2.6]}, {"a": 2.0, "b": 2.6}, LM)
+    assert learned.reference_lines(jobs, "final_val_loss") == [Level("bigram", "loss", 2.5), Level("unigram", "loss", 3.3)]
+    assert learned.reference_lines(jobs, "loss_out") == learned.reference_lines(jobs, "final_val_loss")
+    copy = _jobs("exact_match_in", {"a": [0.9]}, {"a": 0.9})
+    assert learned.reference_lines(copy, "exact_match_out") == [Level("learned", "exact_match", 0.9)]
+    assert learned.reference_lines(copy, "tokens_per_s") == []
