@@ -1,5 +1,4 @@
 """The LightningModule: one configured Transformer trained with AdamW and its learning-rate schedule (optim.schedule)."""
-import math
 import time
 
 import lightning as L
