@@ -141,6 +141,7 @@ ALLOWED = {
     ("analysis/plots.py", ".savefig"): "a PNG into a BytesIO that folder.write_bytes writes",
     ("report/benches.py", ".savefig"): "a PNG into a BytesIO that the report's Out writes",
     ("report/figures.py", ".savefig"): "a PNG into a BytesIO that the report's Out or folder.write_bytes writes",
+    ("report/ladder_page.py", ".savefig"): "a PNG into a BytesIO that its caller writes through blocklab.folder",
     # the one exemption: the report reads benchmark results from outputs/bench or --bench FILE by design
     ("report/benches.py", ".read_text"): "a bench JSON, regular files only, capped",
     # the user's own cache of tokenized corpora and the corpus a package ships (BLOCKLAB_CACHE), not a run folder

@@ -281,7 +281,7 @@ UNRESUMABLE = {
     "a weight this model lacks": (set_item(("state_dict", "model.extra"), torch.zeros(2)),
                                   "it holds weights this config's model does not have (model.extra)"),
     "adam moments of another shape": (set_item(("optimizer_states", 0, "state", 0, "exp_avg"), torch.zeros(3)),
-                                      "its optimizer state for parameter 0 does not fit"),
+                                      "its optimizer state (AdamW's) for parameter 0 does not fit"),
     "totals of another type": (set_item(("blocklab", "tokens_seen"), "many"),
                                "its blocklab totals hold 'tokens_seen' as a str"),
     "a schedule Lightning fails on": (set_item(("lr_schedulers", 0, "lr_lambdas"), [5, 5]),

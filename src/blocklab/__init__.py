@@ -35,3 +35,5 @@ def _study_folder(name: str | None = None, *, _root_: DictConfig) -> str:
 
 
 OmegaConf.register_new_resolver("study_folder", _study_folder, replace=True)
+
+from blocklab import ladder  # noqa: E402,F401 - registers ${ladder:...}, which ladder sweep files read

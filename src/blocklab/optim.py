@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from blocklab.registry import Registry
+from blocklab.schedule import SCHEDULE_KEYS
 
 # The optim group's keys every optimizer shares (the schema checks them); the rest are the entry's own options.
-SHARED_KEYS = ("name", "lr", "min_lr", "betas", "weight_decay", "warmup_steps", "z_loss")
+SHARED_KEYS = ("name", "lr", "min_lr", "betas", "weight_decay", "warmup_steps", "z_loss", *SCHEDULE_KEYS)
 OPTIMIZERS: Registry = Registry("optim.name", framework_args=("model", "optim"))
 
 

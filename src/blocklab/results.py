@@ -173,3 +173,10 @@ def print_summary(results: dict, path: Path, console: Console | None = None) -> 
     warning = learned_warning(results)
     if warning:
         console.print(warning, style="bold yellow", soft_wrap=True, markup=False, highlight=False)
+
+
+def val_loss_curve(results: dict) -> list[tuple[int, float]]:
+    """The run's [step, validation loss] points, one per validation during training (trainer.val_check_interval),
+    finite ones only. A run folder written before the field existed has none: []."""
+    return [(int(step), float(loss)) for step, loss in results.get("val_loss_curve") or []
+            if isinstance(loss, (int, float)) and math.isfinite(loss)]

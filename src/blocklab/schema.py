@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blocklab.registry import is_number
+from blocklab.schedule import SHAPES, schedule_errors
 
 
 class Spec:
@@ -94,6 +95,16 @@ class Keys(Spec):
     def accepts(self, value):
         return (isinstance(value, str) and bool(value)) or (
             isinstance(value, list) and all(isinstance(v, str) and v for v in value))
+
+
+@dataclass(frozen=True)
+class Fractions(Spec):
+    """A list of fractions in (0, 1] (a wsd trunk's branch points)."""
+
+    expect: str = "a list of fractions of the steps in (0, 1], e.g. [0.25, 0.5, 1.0]"
+
+    def accepts(self, value):
+        return isinstance(value, list) and all(is_number(v) and 0 < v <= 1 for v in value)
 
 
 @dataclass(frozen=True)
@@ -262,7 +273,11 @@ SCHEMA: dict[str, Group] = {
     "task": Group({"name": Text()}, owner="the task (task.name)"),
     "optim": Group({
         "name": Text(), "lr": POSITIVE, "min_lr": Number(0), "betas": Pair(), "weight_decay": Described(Number(0), "a number >= 0 (0: no decay)"), "warmup_steps": Int(0),
-        "z_loss": Described(Number(0), "a number >= 0 (the weight of log^2 Z in the loss; 0: none; PaLM 1e-4)")},
+        "z_loss": Described(Number(0), "a number >= 0 (the weight of log^2 Z in the loss; 0: none; PaLM 1e-4)"),
+        # the learning-rate schedule and its options (blocklab/schedule.py checks them: _cross_errors)
+        "schedule": Text(), "cooldown": Number(0, 1), "cooldown_shape": Choice(SHAPES),
+        "branch_points": Fractions(), "branch_from": Nullable(Text(), "not a branch"),
+        "branch_step": Nullable(Int(1), "not a branch")},
         owner="the optimizer (optim.name)"),
     "trainer": Group({
         "_target_": Choice(("lightning.pytorch.Trainer",)), "accelerator": Choice(("cpu", "gpu", "cuda", "mps", "auto")),
@@ -361,6 +376,11 @@ def _cross_errors(config: dict) -> list[str]:
     if "min_lr" in optim and "lr" in optim and optim["min_lr"] > optim["lr"]:
         errors.append(f"optim.min_lr={optim['min_lr']} must be at most optim.lr={optim['lr']}")
     trainer = config["trainer"]
+    if isinstance(trainer.get("max_steps"), int):
+        errors += schedule_errors(optim, trainer["max_steps"])
+    if optim.get("branch_from") is not None and trainer.get("resume_from") is not None:
+        errors.append(f"optim.branch_from={optim['branch_from']} starts from a trunk's whole state, trainer.resume_from "
+                      "from a run's weights: set one")
     if trainer.get("max_steps") == 0 and trainer.get("resume_from") is None:
         errors.append("trainer.max_steps=0 trains nothing and needs trainer.resume_from=RUN (whose weights it evaluates "
                       "under this config); set trainer.resume_from or a positive number of steps")

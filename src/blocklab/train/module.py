@@ -1,5 +1,4 @@
-"""The LightningModule: one configured Transformer trained with AdamW, warmup and cosine decay."""
-import math
+"""The LightningModule: one configured Transformer trained with AdamW and its learning-rate schedule (optim.schedule)."""
 import time
 
 import lightning as L
@@ -13,17 +12,13 @@ from torchmetrics import MeanMetric
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.moe import load_and_drops, routed_layers, routing_summary
 from blocklab.optim import build_optimizer, saved_state_parts
+from blocklab.schedule import SCHEDULES, schedule
 from blocklab.tasks.base import IGNORE, model_inputs
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warmup to 1, then cosine decay to min_ratio at `total` steps (nanoGPT's schedule)."""
-    if step < warmup:
-        return (step + 1) / (warmup + 1)
-    if step >= total:
-        return min_ratio
-    progress = (step - warmup) / max(1, total - warmup)
-    return min_ratio + 0.5 * (1 + math.cos(math.pi * progress)) * (1 - min_ratio)
+    """Linear warmup to 1, then cosine decay to min_ratio at `total` steps (optim.schedule=cosine, nanoGPT's)."""
+    return SCHEDULES["cosine"]({"warmup_steps": warmup, "lr": 1.0, "min_lr": min_ratio}, total)(step)
 
 
 def scored_positions(target: torch.Tensor) -> torch.Tensor | None:
@@ -48,7 +43,7 @@ def rng_states() -> dict:
 # and adds to it at the next step.
 TOTAL_TYPES = {"tokens_seen": int, "step_time_s": (int, float), "train_time_s": (int, float),
                "last_train_loss": (int, float), "steps_to_target": (int, type(None)), "train_loss_curve": list,
-               "_loss_window": list}
+               "_loss_window": list, "val_loss_curve": list}
 
 
 class LitTransformer(L.LightningModule):
@@ -78,6 +73,9 @@ class LitTransformer(L.LightningModule):
         # CURVE_POINTS per run whatever its length (the report reads its early loss off it); the window carries on.
         self.train_loss_curve: list[list] = []
         self._loss_window = [0.0, 0]
+        # results.json val_loss_curve: [step, validation loss] at each of the trainer's validations (a ladder's
+        # intermediate evaluation points, trainer.val_check_interval apart), so a fit can read the whole curve.
+        self.val_loss_curve: list[list] = []
 
     CURVE_POINTS = 20
     # Running totals survive a resume, so results (train time and throughput too) are the whole run's.
@@ -214,7 +212,10 @@ class LitTransformer(L.LightningModule):
 
     def on_validation_epoch_end(self):
         if self.val_loss.update_called:
-            self.log("val/loss", self.val_loss.compute(), prog_bar=True, sync_dist=True)
+            loss = self.val_loss.compute()
+            self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+            if not self.trainer.sanity_checking and self.global_step not in {s for s, _ in self.val_loss_curve}:
+                self.val_loss_curve.append([self.global_step, float(loss)])
         if self.val_loss_beyond.update_called:
             self.log("val/loss_beyond_train", self.val_loss_beyond.compute(), sync_dist=True)
         self.val_loss.reset()
@@ -232,11 +233,12 @@ class LitTransformer(L.LightningModule):
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optim)
-        total = self.trainer.max_steps
-        min_ratio = self.optim["min_lr"] / self.optim["lr"]
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_factor(step, self.optim["warmup_steps"], total, min_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        # optim.schedule (blocklab/schedule.py): cosine, or wsd; a config saved before the key existed is cosine
+        # wrapped in a function: LambdaLR saves (and a resume restores) a callable object's attributes, which would
+        # give a wsd branch its trunk's schedule
+        factor = schedule(self.optim, self.trainer.max_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: factor(step))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 # What Lightning reads from a checkpoint to resume a fit, each with its type: a full save (GracefulInterrupt,

@@ -104,6 +104,7 @@ def outcome(task: Task, lit, diverged_at_step: int | None, steps: int, picked: d
         "diverged_at_step": diverged_at_step,
         "steps_to_target_loss": lit.steps_to_target,
         "train_loss_curve": lit.train_loss_curve,
+        "val_loss_curve": lit.val_loss_curve,  # [step, validation loss] at each validation (results.val_loss_curve)
         "train_lengths": list(task.train_lengths),
         "eval": rows,
         "decode": decode_stats(lit.model, task),

@@ -26,6 +26,7 @@ from blocklab.train.callbacks import (DivergenceGuard, GracefulInterrupt, LastCh
 from blocklab.train.checkpoint_io import AtomicCheckpointIO
 from blocklab.train.checks import check_run_dir, own_run_dir
 from blocklab.train.continued import continued_setup, load_source_weights
+from blocklab.train.wsd import branch_points, branch_start
 from blocklab.train.diagnostics import Diagnostics
 from blocklab.train.loggers import build_loggers, check_loggers, log_results
 from blocklab.train.module import LitTransformer
@@ -99,6 +100,7 @@ def run(cfg: DictConfig) -> float | None:
 def train_and_evaluate(config: RunConfig) -> float | None:
     setup = prepare(config)
     task, run_dir, start_step = setup.task, setup.run_dir, setup.start_step
+    branch = branch_start(setup) if start_step is None else None  # a wsd branch starts at its trunk's step
     is_rank_zero = rank_zero_only.rank == 0  # DDP re-launches this script once per extra device
     if is_rank_zero:
         if start_step is None:
@@ -127,6 +129,7 @@ def train_and_evaluate(config: RunConfig) -> float | None:
         logger.log_hyperparams({**picked, **flatten(config)})
     guard = DivergenceGuard(config["max_loss"])
     callbacks = step_callbacks(run_dir, guard, config["checkpoint_every"], config=config)
+    callbacks += branch_points(run_dir, config)  # a wsd trunk keeps its branch points' checkpoints
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     diag_cfg = config["diagnostics"]
@@ -144,17 +147,22 @@ def train_and_evaluate(config: RunConfig) -> float | None:
     # which dropout draws from and the checkpoint carries, exactly where the training steps leave it.
     # Workers fork: in a joblib job the default start method would pickle the task, and forking needs no re-import.
     workers = config["trainer"].get("data_workers") or 0
-    train_loader = DataLoader(task.train_batches(start_step or 0), batch_size=None, generator=torch.Generator(),
+    first_step = start_step if start_step is not None else (branch.step if branch else 0)
+    train_loader = DataLoader(task.train_batches(first_step), batch_size=None, generator=torch.Generator(),
                               num_workers=workers, multiprocessing_context="fork" if workers else None)
     val_loader = DataLoader(task.validation_batches(), batch_size=None, generator=torch.Generator())
+    ckpt_path = run_dir / CHECKPOINT if start_step is not None else (branch.path if branch else None)
     if start_step is not None:
         guard_restore(trainer, run_dir / CHECKPOINT, start_step)
         print(f"resuming {run_dir} from step {start_step}")
+    elif branch:
+        guard_restore(trainer, branch.path, branch.step)
+        print(f"branching {run_dir} from {branch.path} (step {branch.step})")
     try:
         # max_steps 0 (schema: with trainer.resume_from only): the source's weights evaluated under this config
         if config["trainer"]["max_steps"] > 0:
             trainer.fit(lit, train_loader, val_loader,
-                        ckpt_path=run_dir / CHECKPOINT if start_step is not None else None, weights_only=True)
+                        ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
         print(f"interrupted at step {trainer.global_step}; checkpoint saved in {run_dir / CHECKPOINT.parent}. "
               "Run the same command again to resume.", file=sys.stderr)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from blocklab.errors import ConfigError, RunFolderError, print_error
 from blocklab.folder import rename
+from blocklab.ladder import ladder_error
 from blocklab.results import RESULTS_FILE, previous_status, read_results, unfinished_run_error, write_results
 from blocklab.train.job import INTERRUPTED, in_sweep, job_overrides, joblib_side_by_side
 
@@ -163,6 +164,9 @@ def check_sweep_jobs(overrides: list[str]) -> int:
             problems[",".join(o for o in job if names_the_job(o))] = errors
     if len(problems) == len(jobs):
         raise ConfigError("\n".join(dict.fromkeys(line for lines in problems.values() for line in lines)))
+    ladder = ladder_error(job_settings, configs)  # blocklab/ladder.py: rungs that differ only in their sizes
+    if ladder:
+        raise ConfigError(ladder)
     if first.get("study"):
         check_study_folder(job_settings, configs, Path(first.hydra.sweep.dir), first.hydra.job.config.override_dirname)
     for job, errors in problems.items():

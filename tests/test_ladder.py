@@ -1,0 +1,115 @@
+"""Ladders (blocklab/ladder.py): the launch expands study.ladder into one job per setting, rung and seed, each
+named by its rung and composed at its rung's sizes and budget; a ladder whose rungs drift in anything else, or that
+is malformed, is refused in one line before any job runs."""
+import math
+
+import pytest
+from hydra import initialize_config_dir
+
+from blocklab import ladder
+from blocklab.errors import ConfigError
+from blocklab.overrides import compose_job, sweep_jobs
+from blocklab.paths import CONF_DIR
+from blocklab.results import val_loss_curve
+from conftest import run_cli
+
+SWEEP = ["sweep=activations_ladder"]
+RUNGS = {"d16": (16, 2), "d24": (24, 3), "d32": (32, 4), "d48": (48, 6), "d64": (64, 8)}
+
+
+def test_the_launch_expands_a_ladder_into_one_job_per_setting_rung_and_seed(tmp_path):
+    jobs = sweep_jobs([*SWEEP, f"hydra.sweep.dir={tmp_path}"])
+    named = {tuple(sorted(o for o in job if not o.startswith(("sweep=", "hydra.")))) for job in jobs}
+    assert len(jobs) == len(named) == 3 * 5 * 3
+    assert named == {tuple(sorted((f"act={a}", f"study.rung={r}", f"seed={s}")))
+                     for a in ("relu", "gelu", "swiglu") for r in RUNGS for s in range(3)}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        for rung, (width, heads) in RUNGS.items():
+            config = compose_job([*SWEEP, "act=gelu", f"study.rung={rung}", "seed=1", "run_dir=unused"])
+            assert (config.model.d_model, config.model.n_heads) == (width, heads)
+            # a fixed budget of 204,800 tokens, 32 x 64 a step: 100 steps, validated 8 times
+            assert config.trainer.max_steps == math.ceil(204800 / (32 * 64)) == 100
+            assert config.trainer.val_check_interval == 100 // 8
+
+
+def test_budget_rules_by_hand():
+    study = {"scale": 2, "rung": "b", "ladder": {"rungs": {"a": {"model.d_model": 32}, "b": {"model.d_model": 64}},
+                                                  "budget": {"rule": "tokens_per_param", "ratio": 20, "evals": 6}}}
+    config = {"study": study, "task": {"batch_size": 8, "block_size": 64}, "model": {"n_layers": 2}}
+    # 20 tokens a parameter, N = 12 * 2 * 64^2 = 98,304: 1,966,080 tokens, twice (study.scale), 512 a step
+    assert ladder.max_steps(config) == 2 * 1966080 // 512 == 7680
+    assert ladder.eval_every(config) == 7680 // 6
+    study["ladder"]["budget"] = {"rule": "tokens", "tokens": 1000}
+    assert ladder.max_steps(config) == math.ceil(2000 / 512)
+
+
+def check(tmp_path, *extra: str) -> int:
+    from blocklab.train.sweep import check_sweep_jobs
+
+    return check_sweep_jobs([*SWEEP, "act=relu", "seed=0", f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra, message", [
+    (["optim.warmup_steps=${model.d_model}"],
+     r"rungs d16 and d24 differ in optim.warmup_steps \(16 against 24\), which is not a declared size key"),
+    (["study.ladder.sizes=[model.d_model]"], "rung d16 sets model.n_heads, which study.ladder.sizes does not declare"),
+    (["model.d_model=64"], r"model.d_model is 64 in rung d16, whose value is 16: set model.d_model: \$\{ladder"),
+    (["trainer.max_steps=50"], "trainer.max_steps is 50 in rung d16, but the ladder's budget rule gives 100"),
+    (["~study.ladder.rungs.d64"], r"study.ladder has 4 rungs; a fit of E \+ A N\^-alpha per setting needs at least 5"),
+])
+def test_the_launch_refuses_a_ladder_that_drifts(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        check(tmp_path, *extra)
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_a_sound_ladder_passes(tmp_path):
+    assert check(tmp_path) == 5
+
+
+def rung_configs(warmups: list[int]) -> tuple[list[list[str]], list[dict]]:
+    """Five rungs' resolved configs, by hand, as the launch hands them to ladder_error."""
+    rungs = {f"w{w}": {"model.d_model": w} for w in (16, 24, 32, 48, 64)}
+    budget = {"rule": "tokens", "tokens": 4096, "evals": 4}
+    jobs, configs = [], []
+    for (name, sizes), warmup in zip(rungs.items(), warmups):
+        study = {"name": "x", "scale": 1, "rung": name, "ladder": {"sizes": ["model.d_model"], "rungs": rungs,
+                                                                   "budget": budget}}
+        configs.append({"study": study, "task": {"batch_size": 4, "block_size": 64},
+                        "model": {"d_model": sizes["model.d_model"]}, "optim": {"warmup_steps": warmup},
+                        "trainer": {"max_steps": 16, "val_check_interval": 4}})
+        jobs.append(["act=gelu", f"study.rung={name}", "seed=0"])
+    return jobs, configs
+
+
+def test_ladder_error_by_hand():
+    assert ladder.ladder_error(*rung_configs([10] * 5)) is None
+    error = ladder.ladder_error(*rung_configs([10, 10, 10, 10, 20]))
+    assert error.startswith("rungs w16 and w64 differ in optim.warmup_steps (10 against 20)")
+
+
+def test_ladder_error_is_none_without_a_ladder():
+    assert ladder.ladder_error([["seed=0"]], [{"study": None}]) is None
+    assert ladder.shape_error({"sizes": ["model.d_model"], "rungs": {f"r{i}": {"model.d_model": i} for i in range(5)},
+                               "budget": {"rule": "flops"}}).startswith("study.ladder.budget.rule must be one of")
+
+
+@pytest.mark.slow
+def test_the_command_refuses_a_drifting_ladder_in_one_line(tmp_path):
+    result = run_cli(["-m", *SWEEP, "optim.warmup_steps=${model.d_model}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "differ in optim.warmup_steps" in result.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_val_loss_curve_of_old_and_new_results():
+    assert val_loss_curve({"status": "completed"}) == []  # a folder from before the field
+    assert val_loss_curve({"val_loss_curve": [[10, 2.5], [20, None], [30, 2.1]]}) == [(10, 2.5), (30, 2.1)]
+
+
+def test_a_run_records_its_validation_curve(default_run):
+    """trainer=debug validates every 10 of its 20 steps: results.json val_loss_curve has both, as a fit reads them."""
+    curve = val_loss_curve(default_run)
+    assert [step for step, _ in curve] == [10, 20] and all(0 < loss < 10 for _, loss in curve)
