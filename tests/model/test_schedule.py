@@ -100,9 +100,11 @@ def test_padding_in_a_hybrid_batch_changes_no_real_token():
     ([{"kind": "nope"}], 2, "attn.layers[0]: attn.kind='nope' is unknown"),
     ([{"kind": "taylor"}] * 3, 4, "attn.layers has 3 entries, which does not divide model.n_layers=4"),
     ([{"causal": False}], 2, "attn.layers[0].causal is the whole stack's, not a layer's"),
-    ([{"kind": "base_conv", "qk_norm": True}], 2, "attn.layers[0]: attn.qk_norm=True do not apply to attn.kind=base_conv"),
+    ([{"kind": "base_conv", "qk_norm": True}], 2,
+     "attn.layers[0]: attn.qk_norm=True do not apply to attn.kind=base_conv"),
     ([{"kind": "taylor", "window": 4}], 2, "attn.layers[0]: attn.window=4 (attn.pattern=window) needs a kind"),
     ([{"kind": "taylor", "feature_dm": 4}], 2, "attn.layers[0]: attn.feature_dm is not an option of attn.kind=taylor"),
+    ([{"kind": "mla"}, {"kind": "softmax"}], 2, "attn.layers rotate [4, None] dimensions per head in different layers"),
     ([], 2, "attn.layers=[] must be null (every layer alike) or a non-empty list"),
     (["taylor"], 2, "attn.layers[0]='taylor' must be a mapping of attn keys"),
 ])

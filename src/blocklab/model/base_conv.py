@@ -70,8 +70,8 @@ class BaseConv(Attention):
             ("short_conv", attn.short_conv, 0), ("scale", attn.scale, None), ("scale_factor", attn.scale_factor, 1.0))
             if value != default and not (key == "scale" and value == "default")]
         if unused:
-            errs.append(f"{', '.join(unused)} do not apply to attn.kind=base_conv (no queries or keys; its convolution's "
-                        f"width is attn.kernel_size): leave them at their defaults")
+            errs.append(f"{', '.join(unused)} do not apply to attn.kind=base_conv (no queries or keys; its "
+                        f"convolution's width is attn.kernel_size): leave them at their defaults")
         return errs
 
     def state_bytes_per_token(self, element_size: int) -> int:

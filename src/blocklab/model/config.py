@@ -208,8 +208,11 @@ class ModelConfig:
     def kind_rotated_width(self) -> int | None:
         """The width per head RoPE rotates where the attention kind sets it (MLA: attn.rope_dim), else None (the
         head dimension). The frequencies, and the constraints of NTK and YaRN, are those of this width."""
-        widths = [getattr(ATTENTION_KINDS.get(cfg.attn.kind), "rotated_width", None) for cfg in self._schedule()]
-        return next((width(cfg) for width, cfg in zip(widths, self._schedule()) if width is not None), None)
+        for cfg in self._schedule():  # a schedule's layers must agree (errors)
+            width = getattr(ATTENTION_KINDS.get(cfg.attn.kind), "rotated_width", None)
+            if width is not None:
+                return width(cfg)
+        return None
 
     @property
     def positions_applied(self) -> bool:

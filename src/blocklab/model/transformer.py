@@ -32,16 +32,13 @@ def _final_norm(cfg: ModelConfig) -> nn.Module:
 
 def layer_patterns(cfg: ModelConfig) -> list[Pattern]:
     """Each layer's pattern, one object per distinct pattern (layers with the same share it, and its context)."""
-    made = {}
+    made, patterns = {}, []
     for layer in range(cfg.n_layers):
         attn = cfg.layer(layer).attn
         key = (attn.pattern_name, repr(sorted(attn.pattern_args.items())))
-        made.setdefault(key, []).append(layer)
-    patterns = [None] * cfg.n_layers
-    for layers in made.values():
-        pattern = build_pattern(cfg.layer(layers[0]).attn)
-        for layer in layers:
-            patterns[layer] = pattern
+        if key not in made:
+            made[key] = build_pattern(attn)
+        patterns.append(made[key])
     return patterns
 
 
