@@ -1,5 +1,5 @@
 from blocklab.model import linear_attention, linformer, moe, ssmax  # noqa: F401  (register attn.kind and ffn.name entries)
-from blocklab.model import based, deltanet, gla  # noqa: F401  (register the recurrent attn.kind entries)
+from blocklab.model import base_conv, based, deltanet, gla  # noqa: F401  (register the recurrent attn.kind entries)
 from blocklab.model import mla  # noqa: F401  (registers attn.kind=mla)
 from blocklab.model import diff_attention, forgetting  # noqa: F401  (register attn.kind=diff and forgetting)
 from blocklab.model.config import ModelConfig

@@ -12,13 +12,15 @@ Two token mixers, each with a fixed-size decoding state:
     (1 + d' + d' (d' + 1) / 2) x (d_head + 1) per K/V head.
   - softmax attention over a small sliding window (64 tokens, itself included), sec. 4.2. Its state: the last
     window - 1 keys and values.
-Based interleaves the two as separate layers (with gated convolutions). Here one layer mixes both paths on the
-same queries, keys and values: a single-layer approximation, so every layer of a Based model can recall exactly
-what is near (the window) and approximately what is far (the Taylor map). `attn.path_mix=true` (the default) weighs
-each path per head by a learned scalar, both starting at 1, so a head can turn the Taylor path down (with its
+The paper's models interleave separate layers: gated short convolutions (`attn.kind=base_conv`), Taylor linear
+attention (`attn.kind=taylor`) and sliding-window softmax (`attn.kind=softmax attn.pattern=window`), one kind per layer
+through `attn.layers` (model/schedule.py; presets experiment=based_hybrid and attn=based_mqar). `attn.kind=based` is a
+single-layer approximation that mixes both paths on the same queries, keys and values, so every layer can recall
+exactly what is near (the window) and approximately what is far (the Taylor map). `attn.path_mix=true` (the default)
+weighs each path per head by a learned scalar, both starting at 1, so a head can turn the Taylor path down (with its
 feature projection at zero that path is the running mean of the values, which a plain sum adds at full weight);
-`false` sums them, as runs saved before the option did. The Taylor path reads q and k
-unrotated (no position scheme, as in Based's linear layers); the window path rotates them (RoPE) like softmax.
+`false` sums them, as runs saved before the option did. The Taylor path reads q and k unrotated (no position scheme,
+as in Based's linear layers); the window path rotates them (RoPE) like softmax.
 
 Training: the linear path is linear_attention's chunked prefix sums; the window path runs in blocks of queries,
 each against the keys it can reach (block + window - 1), so time and memory are linear in the length. GQA/MQA: the
@@ -101,17 +103,51 @@ class BasedState:
                          "attn.window (its own is attn.window_size)")
 
 
+@ATTENTION_KINDS.register("taylor")
+class Taylor(KernelAttention):
+    """Based's linear attention layer alone (module docstring, first mixer): the Taylor path with no window, as the
+    paper's Taylor layers (HazyResearch/based, based/models/mixers/linear_attention.py, LinearAttention with
+    TaylorExp). Options: chunk (tokens per chunk of the prefix sums), feature_dim (d', 16 in the paper). Queries and
+    keys reach d' features through W_q (W_k) then one per-head map shared by both, where the reference projects
+    x to d' per head directly: the same maps wherever d_head >= d'."""
+
+    def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
+                 chunk: int = 64, feature_dim: int = 16):
+        super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)
+        self.feature_dim = feature_dim
+        self.feature_proj = nn.Linear(self.d_head, feature_dim, bias=False)  # per head, shared by q and k
+
+    @classmethod
+    def uses_rotation(cls, options: dict) -> bool:
+        return False  # the Taylor path reads q and k unrotated
+
+    @classmethod
+    def errors(cls, cfg, options):
+        errs = recurrent_errors(cls.registry_name, cfg, options)
+        feature_dim = with_defaults(cls.registry_name, options)["feature_dim"]
+        if not is_positive_int(feature_dim):
+            errs.append(f"attn.feature_dim={feature_dim!r} must be a positive integer (the Taylor map's feature "
+                        f"dimension d')")
+        return errs
+
+    def features(self, x, is_query):
+        projected = self.feature_proj(x) / self.feature_dim ** 0.25
+        return taylor_features(projected), None
+
+    def rotate(self, q, k, ctx):
+        return q, k
+
+
 @ATTENTION_KINDS.register("based")
-class Based(KernelAttention):
-    """Based (module docstring). Options: chunk (tokens per chunk of the linear path's prefix sums), feature_dim
-    (d', 16 in the paper), window_size (the sliding window, 64 in the paper), path_mix (a learned weight per head
-    on each path, or their plain sum)."""
+class Based(Taylor):
+    """Based (module docstring): the Taylor path and a sliding window in one layer. Options: those of taylor,
+    window_size (the sliding window, 64 in the paper), path_mix (a learned weight per head on each path, or their
+    plain sum)."""
 
     def __init__(self, d_model, n_heads, n_kv_heads=None, scale=None, qk_norm=False, dropout=0.0, bias=True,
                  chunk: int = 64, feature_dim: int = 16, window_size: int = 64, path_mix: bool = True):
-        super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk)
-        self.feature_dim, self.window_size = feature_dim, window_size
-        self.feature_proj = nn.Linear(self.d_head, feature_dim, bias=False)  # per head, shared by q and k
+        super().__init__(d_model, n_heads, n_kv_heads, scale, qk_norm, dropout, bias, chunk, feature_dim)
+        self.window_size = window_size
         # (Taylor, window) weight per head, (2, H, 1, 1); not an nn.Linear, so no init scheme redraws it
         self.path_weights = nn.Parameter(torch.ones(2, n_heads, 1, 1)) if path_mix else None
 
@@ -119,6 +155,17 @@ class Based(KernelAttention):
     def old_run_options(cls, options: dict) -> dict:
         """A run saved before attn.path_mix summed the two paths."""
         return options if "path_mix" in options else {**options, "path_mix": False}
+
+    @classmethod
+    def label(cls, cfg) -> str:
+        """based at the paper's window (64); based_wN at another, so a sweep over windows keeps them apart."""
+        window = with_defaults(cls.registry_name, cfg.attn.options)["window_size"]
+        return cls.registry_name if window == ATTENTION_KINDS.options(cls.registry_name)["window_size"] \
+            else f"{cls.registry_name}_w{window}"
+
+    @classmethod
+    def uses_rotation(cls, options: dict) -> bool:
+        return True  # the window path rotates its own copies
 
     def _mixed(self, linear: Tensor, window: Tensor) -> Tensor:
         if self.path_weights is None:
@@ -128,23 +175,15 @@ class Based(KernelAttention):
 
     @classmethod
     def errors(cls, cfg, options):
-        errs = recurrent_errors(cls.registry_name, cfg, options)
-        merged = with_defaults(cls.registry_name, options)
-        for key, what in (("feature_dim", "the Taylor map's feature dimension d'"),
-                          ("window_size", "tokens in the sliding window, itself included")):
-            if not is_positive_int(merged[key]):
-                errs.append(f"attn.{key}={merged[key]!r} must be a positive integer ({what})")
+        errs = super().errors(cfg, options)
+        window = with_defaults(cls.registry_name, options)["window_size"]
+        if not is_positive_int(window):
+            errs.append(f"attn.window_size={window!r} must be a positive integer (tokens in the sliding window, "
+                        f"itself included)")
         return errs
-
-    def features(self, x, is_query):
-        projected = self.feature_proj(x) / self.feature_dim ** 0.25
-        return taylor_features(projected), None
 
     def new_state(self) -> BasedState:
         return BasedState()
-
-    def rotate(self, q, k, ctx):
-        return q, k  # the window path rotates its own copies; the Taylor path reads them unrotated
 
     def attend(self, q, k, v, ctx, state):
         linear = super().attend(q, k, v, ctx, None if state is None else state.linear)

@@ -61,6 +61,7 @@ class Block(nn.Module):
     def __init__(self, cfg, layer: int, cross: bool = False):
         super().__init__()
         self.layer = layer
+        cfg = cfg.layer(layer)  # its attention kind, in a hybrid stack (attn.layers)
         wrap = dict(placement=PLACEMENTS[cfg.norm.placement], norm_type=cfg.norm.type, dim=cfg.d_model, eps=cfg.norm.eps,
                     bias=cfg.bias, dropout=cfg.dropout, residual=cfg.residual, alpha=cfg.residual_alpha,
                     affine=cfg.norm.affine, gate=cfg.branch_gate, norm_options=cfg.norm.options)

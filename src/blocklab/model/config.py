@@ -3,7 +3,7 @@
 Validation lives here, once: `ModelConfig.errors()` lists every problem as one line that names
 the offending key and the fix, before anything is built or written."""
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from blocklab.errors import ConfigError
@@ -15,6 +15,7 @@ from blocklab.model.norm import NORM_TYPES, PLACEMENTS, batch_size_errors, norm_
 from blocklab.model.param import PARAMETRIZATIONS
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES, PositionScheme
+from blocklab.model.schedule import layer_attn, schedule_errors
 from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors
 
 # ModelConfig fields filled from their own yaml groups
@@ -71,6 +72,7 @@ class AttnConfig:
     output_gate: str = "none"  # sigmoid gate on each head's output: none, headwise, elementwise (attention.OutputGate)
     options: dict[str, Any] = field(default_factory=dict)  # the kind's own keyword arguments
     pattern_options: dict[str, Any] = field(default_factory=dict)  # the pattern's own (stride, dilation...)
+    layers: list[dict] | None = None  # attn.layers: a per-layer schedule of kinds (model/schedule.py); None: alike
 
     @property
     def pattern_name(self) -> str:
@@ -211,18 +213,29 @@ class ModelConfig:
         gate = PLACEMENTS[self.norm.placement].gate
         return gate if gate is not None else getattr(INIT_SCHEMES[self.init.name], "branch_gate", None)
 
+    def layer(self, index: int) -> "ModelConfig":
+        """The config of layer `index`: this one, with its attn schedule's entry for that layer (model/schedule.py)."""
+        return replace(self, attn=layer_attn(self.attn, index)) if self.attn.layers else self
+
+    def _schedule(self) -> list["ModelConfig"]:
+        """One config per entry of the attn schedule (this one alone without a schedule)."""
+        return [self.layer(index) for index in range(len(self.attn.layers or [None]))]
+
     @property
     def attn_label(self) -> str:
         """The attention variant by what it computes: mha, gqa, mqa, or the pattern (local, strided...) for
-        softmax; else the kind."""
-        return ATTENTION_KINDS[self.attn.kind].label(self)
+        softmax; else the kind. A schedule: its entries' labels joined by '+' (base_conv+taylor)."""
+        return "+".join(ATTENTION_KINDS[cfg.attn.kind].label(cfg) for cfg in self._schedule())
 
     @property
     def kind_rotated_width(self) -> int | None:
         """The width per head RoPE rotates where the attention kind sets it (MLA: attn.rope_dim), else None (the
         head dimension). The frequencies, and the constraints of NTK and YaRN, are those of this width."""
-        width = getattr(ATTENTION_KINDS.get(self.attn.kind), "rotated_width", None)
-        return None if width is None else width(self)
+        for cfg in self._schedule():  # a schedule's layers must agree (errors)
+            width = getattr(ATTENTION_KINDS.get(cfg.attn.kind), "rotated_width", None)
+            if width is not None:
+                return width(cfg)
+        return None
 
     @property
     def positions_applied(self) -> bool:
@@ -230,7 +243,7 @@ class ModelConfig:
         queries and keys and the attention kind skips the rotation (GLA, DeltaNet without attn.rotary)."""
         scheme = POSITION_SCHEMES[self.pos.name]
         if scheme.rotates_only():
-            return ATTENTION_KINDS[self.attn.kind].uses_rotation(self.attn.options)
+            return any(ATTENTION_KINDS[cfg.attn.kind].uses_rotation(cfg.attn.options) for cfg in self._schedule())
         return scheme.embed is not PositionScheme.embed or scheme.adds_bias()
 
     @property
@@ -260,6 +273,10 @@ class ModelConfig:
         norm = {k: v for k, v in groups["norm"].items() if k in norm_fields}
         norm_options = {k: v for k, v in groups["norm"].items() if k not in norm_fields}
         name, kind = pos.pop("name"), attn.get("kind", AttnConfig.kind)
+        if isinstance(attn.get("layers"), list):  # an entry naming its own kind: its options recorded as the group's
+            attn["layers"] = [_recorded(ATTENTION_KINDS, entry["kind"], entry)
+                              if isinstance(entry, dict) and entry.get("kind", kind) != kind else entry
+                              for entry in attn["layers"]]
         shared = {key: pos.pop(key) for key in PosConfig.shared_keys() if key in pos}
         return cls(
             vocab_size=vocab_size,
@@ -299,8 +316,8 @@ class ModelConfig:
         errs = [] if POSITIVE_INT.accepts(self.vocab_size) else [f"model.vocab_size={self.vocab_size!r} must be "
                                                                  f"{POSITIVE_INT.expect}"]
         errs += [line for group, values in self._fields_by_group() for line in group_errors(group, values)]
-        if errs:
-            return errs  # the checks below divide by these
+        if errs or (errs := schedule_errors(self.attn, self.n_layers)):
+            return errs  # the checks below divide by these, and read each layer's kind
         if self.d_model % self.n_heads:
             errs.append(f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}; "
                         f"use {_one_of_divisors(self.d_model)}")
@@ -340,6 +357,13 @@ class ModelConfig:
         return errs or FFN_KINDS[name].errors(self, options)
 
     def _attention_errors(self) -> list[str]:
+        if self.attn.layers is not None:  # a schedule (its shape checked first): each entry's layer on its own
+            errs = [f"attn.layers[{index}]: {line}" for index, cfg in enumerate(self._schedule())
+                    for line in cfg._attention_errors()]
+            widths = {cfg.kind_rotated_width for cfg in self._schedule()}
+            return errs or ([] if len(widths) == 1 else [f"attn.layers rotate {sorted(widths, key=str)} dimensions "
+                                                         "per head in different layers; one position scheme serves "
+                                                         "them all: give its layers one rotated width"])
         errs, kv = [], self.attn.n_kv_heads
         if kv is not None and self.n_heads % kv:
             errs.append(f"attn.n_kv_heads={kv} must divide model.n_heads={self.n_heads}; "

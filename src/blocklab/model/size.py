@@ -92,9 +92,10 @@ def _built(cfg: ModelConfig) -> ModelSize:
 
 def model_size(cfg: ModelConfig) -> ModelSize:
     """The exact size of build_model(cfg) for a valid config; TooLargeToCount where a tensor is past what torch can
-    describe. Layers are copies built from one config, and so are the submodules a variant's `repeated_by` option
-    counts (MoE's experts): the size is affine in each such count, so a model of thousands of layers or experts is
-    counted from models of one and two, not built module by module (seconds per thousand, even on meta)."""
+    describe. Layers are copies built from one config (periods of a hybrid schedule, attn.layers), and so are the
+    submodules a variant's `repeated_by` option counts (MoE's experts): the size is affine in each such count, so a
+    model of thousands of layers or experts is counted from models of one and two, not built module by module
+    (seconds per thousand, even on meta)."""
     return _extrapolated(cfg, _repeat_axes(cfg))
 
 
@@ -102,7 +103,8 @@ def _repeat_axes(cfg: ModelConfig) -> list[tuple[int, Callable[[ModelConfig, int
     """(count, the config with that count replaced) for n_layers and each variant's `repeated_by` option."""
     from blocklab.model.ffn import FFN_KINDS
 
-    axes = [(cfg.n_layers, lambda c, n: dataclasses.replace(c, n_layers=n))]
+    period = len(cfg.attn.layers or [None])  # a hybrid stack repeats its schedule: affine in the repeats
+    axes = [(cfg.n_layers // period, lambda c, n: dataclasses.replace(c, n_layers=n * period))]
     key = getattr(FFN_KINDS.get(cfg.ffn_kind.name), "repeated_by", None)
     if key is not None:
         count = cfg.ffn_kind.options.get(key, FFN_KINDS.options(cfg.ffn_kind.name).get(key))

@@ -14,10 +14,10 @@ from blocklab.model.block import Block
 from blocklab.model.cache import DecodingCache
 from blocklab.model.ffn import dropout_layer
 from blocklab.model.init import apply_init
-from blocklab.model.mask import cross_attention_context, self_attention_context
+from blocklab.model.mask import AttentionContext, cross_attention_context, self_attention_context
 from blocklab.model.norm import PLACEMENTS, apply_norm, build_norm
 from blocklab.model.param import Readout
-from blocklab.model.patterns import build_pattern
+from blocklab.model.patterns import Pattern, build_pattern
 from blocklab.model.position import build_position
 
 if TYPE_CHECKING:
@@ -29,6 +29,18 @@ def _final_norm(cfg: ModelConfig) -> nn.Module:
     norm = build_norm(cfg.norm.type, cfg.d_model, cfg.norm.eps, cfg.bias, cfg.norm.affine, **cfg.norm.options) \
         if PLACEMENTS[cfg.norm.placement].final_norm else None
     return nn.Identity() if norm is None else norm
+
+
+def layer_patterns(cfg: ModelConfig) -> list[Pattern]:
+    """Each layer's pattern, one object per distinct pattern (layers with the same share it, and its context)."""
+    made, patterns = {}, []
+    for layer in range(cfg.n_layers):
+        attn = cfg.layer(layer).attn
+        key = (attn.pattern_name, repr(sorted(attn.pattern_args.items())))
+        if key not in made:
+            made[key] = build_pattern(attn)
+        patterns.append(made[key])
+    return patterns
 
 
 @ARCHITECTURES.register("decoder")
@@ -49,7 +61,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = build_position(cfg.pos.name, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attn.causal,
                                   **cfg.position_options())
-        self.pattern = build_pattern(cfg.attn)  # which keys each query sees, in every self-attention layer
+        self.patterns = layer_patterns(cfg)  # which keys each query sees, per self-attention layer
         self.abacus = AbacusEmbedding(abacus_size(cfg.pos.abacus_offset, cfg.max_len), cfg.d_model) \
             if cfg.pos.abacus else None
         self.segment_emb: nn.Embedding | None = None  # sentence pairs: the encoder-only model's (BERT)
@@ -65,14 +77,24 @@ class Transformer(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # shared (tied) tensors counted once
 
+    @property
+    def pattern(self):
+        """The first layer's pattern: every layer's, but in a hybrid stack (attn.layers)."""
+        return self.patterns[0]
+
     def new_cache(self) -> DecodingCache:
         # Layers whose state does not grow per token (a running state) keep no keys: the cache then keeps
         # only the newest key's position. A kind that cannot decode says so at its first step, not here.
+        size = next(self.parameters()).element_size()
         try:
-            keeps_keys = self.cache_bytes_per_token() > 0
+            grows = [block.attn.state_bytes_per_token(size) > 0 for block in self.blocks]
         except NotImplementedError:
-            keeps_keys = True
-        return DecodingCache(window=self.pattern.cache_keys, keeps_keys=keeps_keys)
+            grows = [True]
+        reach = [pattern.cache_keys for pattern in self.patterns]
+        # Keys older than every layer's reach are dropped from every layer's state; a fixed state (a hybrid's
+        # recurrent layer) has none to drop, so a stack mixing the two keeps every key (correct, not the least).
+        window = None if None in reach or not all(grows) else max(reach)
+        return DecodingCache(window=window, keeps_keys=any(grows))
 
     def cache_bytes_per_token(self) -> int:
         """How much cached decoding state grows per generated token, over all layers."""
@@ -98,24 +120,32 @@ class Transformer(nn.Module):
         output layer computed at those positions only (a masked loss reads a few: MQAR's queries, copy's answers)."""
         return self._decode(idx, positions, valid, cache, need_weights, digit_index=digit_index, at=at)
 
+    def _contexts(self, scheme, idx, positions, valid, cache, causal, need_weights) -> list[AttentionContext]:
+        """Each layer's attention context: one per distinct pattern, shared by the layers that have it."""
+        made = {}
+        for pattern in self.patterns:
+            if id(pattern) not in made:
+                made[id(pattern)] = self_attention_context(idx, positions, valid, cache, scheme, causal, pattern,
+                                                           need_weights)
+        return [made[id(pattern)] for pattern in self.patterns]
+
     def _decode(self, idx, positions, valid, cache, need_weights, *cross, digit_index=None, segment=None,
                 sentence=False, at=None):
         """The self-attention stack over idx (causal unless built bidirectional); `cross` = (cross-attention
         context, encoder memory) if any. segment and sentence: the encoder-only model's sentence pairs.
         at: the positions to give logits at (forward)."""
-        ctx = self_attention_context(idx, positions, valid, cache, self.pos, self.cfg.attn.causal, self.pattern,
-                                     need_weights)
+        contexts = self._contexts(self.pos, idx, positions, valid, cache, self.cfg.attn.causal, need_weights)
         tokens = self.tok_emb(idx)
         if segment is not None:
             tokens = tokens + self.segment_emb(segment)
-        x = self.pos.embed(tokens, ctx.positions)
+        x = self.pos.embed(tokens, contexts[0].positions)
         if self.abacus is not None:
             x = self.abacus(x, digit_index)
         x = self._dropout(x)
-        for block in self.blocks:
+        for block, ctx in zip(self.blocks, contexts):
             x = block(x, ctx, *cross)
         if cache is not None:
-            cache.commit(ctx.k_positions, ctx.k_valid)
+            cache.commit(contexts[0].k_positions, contexts[0].k_valid)
         hidden = apply_norm(self.final_norm, x, valid)  # over every position: a norm's statistics may span tokens
         logits = softcap(self.head(hidden if at is None else hidden.flatten(0, 1).index_select(0, at)),
                          self.cfg.logit_softcap)
@@ -144,10 +174,9 @@ class EncoderDecoder(Transformer):
 
     def encode(self, source: Tensor, source_valid: Tensor | None = None, need_weights: bool = False) -> Tensor:
         """Bidirectional pass over right-padded sources (padding is never attended to)."""
-        ctx = self_attention_context(source, None, source_valid, None, self.enc_pos, False, self.pattern,
-                                     need_weights)
-        x = self._dropout(self.enc_pos.embed(self.tok_emb(source), ctx.positions))
-        for block in self.encoder:
+        contexts = self._contexts(self.enc_pos, source, None, source_valid, None, False, need_weights)
+        x = self._dropout(self.enc_pos.embed(self.tok_emb(source), contexts[0].positions))
+        for block, ctx in zip(self.encoder, contexts):
             x = block(x, ctx)
         return apply_norm(self.enc_norm, x, source_valid)
 
