@@ -365,7 +365,7 @@ def test_the_loss_trained_on_is_masked_lm_plus_the_pair_cross_entropy(nsp_task):
     torch.manual_seed(0)
     lit = nsp_model(nsp_task)
     batch = next(iter(SentencePairs(nsp_task, 0)))
-    token_loss, pair_loss = lit.losses(batch)
+    token_loss, pair_loss, _ = lit.losses(batch)
     logits, sentence = lit.model(batch["input"], segment=batch["segment"], sentence=True)
     assert sentence.shape == (16, 2)
     assert torch.allclose(token_loss, F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(),

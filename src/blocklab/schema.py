@@ -390,6 +390,11 @@ def _cross_errors(config: dict) -> list[str]:
     return errors
 
 
+def unknown_key(prefix: str, key: str, known: list[str], where: str) -> str:
+    """The one line for a key a group does not have, with the closest one first."""
+    return _unknown(prefix, key, known, where)
+
+
 def _unknown(prefix: str, key: str, known: list[str], where: str) -> str:
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"did you mean {prefix}{close[0]}? " if close else ""

@@ -16,7 +16,7 @@ from blocklab.model.param import PARAMETRIZATIONS
 from blocklab.model.patterns import ATTENTION_PATTERNS
 from blocklab.model.position import POSITION_SCHEMES, PositionScheme
 from blocklab.model.schedule import layer_attn, schedule_errors
-from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors
+from blocklab.schema import POSITIVE_INT, SCHEMA, group_errors, unknown_key
 
 # ModelConfig fields filled from their own yaml groups
 SUBGROUPS = ("norm", "pos", "attn", "act", "ffn_kind", "init", "param")
@@ -327,10 +327,20 @@ class ModelConfig:
             if name not in registry:
                 errs.append(registry.unknown(name))
         if not errs:  # the norm type's options, the placement's and the init scheme's own constraints
-            errs += NORM_TYPES.option_errors(self.norm.type, self.norm.options, "norm")
+            errs += self._norm_option_errors()
             errs += PLACEMENTS[self.norm.placement].errors(self) + scheme_errors(self)
         return (errs + self._attention_errors() + self._ffn_errors() + self._param_errors()
                 + self._position_errors(heads_divide=not self.d_model % self.n_heads))
+
+    def _norm_option_errors(self) -> list[str]:
+        """A key of the norm group that neither NormConfig nor the norm type takes reads as the schema's unknown key
+        (with the closest key of the group), a wrong kind of value as the registry's line."""
+        takes = NORM_TYPES.options(self.norm.type)
+        keys = sorted({f.name for f in fields(NormConfig)} - {"options"} | set(takes))
+        unknown = [key for key in self.norm.options if key not in takes]
+        if unknown:
+            return [unknown_key("norm.", key, keys, "norm") for key in sorted(unknown)]
+        return NORM_TYPES.option_errors(self.norm.type, self.norm.options, "norm")
 
     def _param_errors(self) -> list[str]:
         if self.param.name not in PARAMETRIZATIONS:

@@ -548,7 +548,7 @@ def partial_rotary_errors(options: dict, d_head: int) -> list[str]:
     if not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
         return [f"pos.rotary_fraction={fraction!r} must be in [0, 1] (1: every pair rotated, as plain RoPE)"]
     rotated = rotated_dimensions(d_head, fraction, form)
-    if rotated % 2:
+    if rotated != d_head and rotated % 2:  # an odd head width itself is the scheme's or the kind's own error
         return [f"pos.rotary_fraction={fraction} rotates int({d_head} * {fraction}) = {rotated} dimensions, an odd "
                 f"number (rotation acts on pairs); choose a fraction giving an even count"]
     if fraction < 1 and options.get("scaling", "none") != "none":

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from blocklab.bench.attention import reference
 from blocklab.report.common import group, name as _name, not_recorded, short, takes
 from blocklab.report.figures_data import value
 from blocklab.report.figures_kinds import STYLES
@@ -33,8 +34,9 @@ def bench_context(result: dict | None) -> dict | None:
     peak MB and ms of full softmax attention, fused and unfused (explicit). None where the result lacks them."""
     try:
         lengths = [int(n) for n in result["settings"]["lengths"]]
+        full = reference()  # the bench's full attention of the default kind, which its ratios are taken against
         rows = {("explicit" if r["explicit"] else "fused"): r for r in result["summary"]
-                if r.get("kind") == "softmax" and r.get("pattern") == "full"}
+                if r.get("kind") == full.kind and r.get("pattern") == full.pattern}
         paths = {path: {"peak_mb": [float(v) for v in r["peak_mb"]], "ms": [float(v) for v in r["ms"]]}
                  for path, r in rows.items()}
     except (KeyError, TypeError, ValueError):

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from blocklab.report import stats
 from blocklab.tasks.references import LEARNED_EXACT_MATCH, Level
 
-FALLBACK = (Level("learned", "exact_match", LEARNED_EXACT_MATCH),)
+BAR = "learned"  # the name of a task's own bar (a level named otherwise is a reference model's: "the bigram's")
+FALLBACK = (Level(BAR, "exact_match", LEARNED_EXACT_MATCH),)
 # A page's metric -> the eval-row metric its task's levels are stated in
 ROW_METRIC = {"final_val_loss": "loss", "final_train_loss": "loss"}
 WORDS = {"exact_match": "in-distribution exact match", "loss": "validation loss", "token_acc": "token accuracy",
@@ -90,7 +91,7 @@ class Learning:
         parts = []
         for bar, m in missed:
             sign = "≥" if bar.lower_is_better else "<"
-            level = stats.fmt(bar.value) if bar.name == "learned" else f"the {bar.name}'s {stats.fmt(bar.value)}"
+            level = stats.fmt(bar.value) if bar.name == BAR else f"the {bar.name}'s {stats.fmt(bar.value)}"
             parts.append(f"{WORDS.get(bar.metric, bar.metric)} {stats.fmt(m)} {sign} {level}")
         seeds = f"{self.learned_seeds} of {self.measured} seeds clear it" + (f", {self.diverged} diverged"
                                                                                if self.diverged else "")
