@@ -32,6 +32,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize, special, stats
 
+from blocklab.report.stats import paired_t
+
 ALPHA = 0.05
 GRID = 801  # Simpson points per look (odd): crossing probabilities to about 1e-7
 CALIBRATION = 100_000  # simulated sequences: the calibrated rate's standard error is about 0.0007 at 0.05
@@ -165,15 +167,9 @@ class Paired:
 
     @classmethod
     def of(cls, diffs) -> "Paired | None":
-        ds = [float(d) for d in diffs]
-        n = len(ds)
-        if n < 2:
-            return None
-        mean = sum(ds) / n
-        sd = math.sqrt(sum((d - mean) ** 2 for d in ds) / (n - 1))
-        if sd <= 1e-12 * max(1.0, abs(mean)):
-            return cls(n, mean, 0.0, 1.0 if mean == 0 else 0.0)
-        return cls(n, mean, sd, float(2 * special.stdtr(n - 1, -abs(mean) / (sd / math.sqrt(n)))))
+        """The page's paired t-test (report.stats.paired_t), kept as its size and summary."""
+        test = paired_t(diffs)
+        return None if test is None else cls(len(test.diffs), test.mean, test.sd, test.p)
 
     def interval(self, level: float) -> tuple[float, float]:
         """The paired t-interval at confidence 1 - level (the repeated confidence interval at a look's nominal
