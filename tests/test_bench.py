@@ -82,3 +82,11 @@ def test_step_and_overhead_measure_bf16_mixed_beside_float32(tmp_path):
         (loop, p) for loop in ("lightning", "plain") for p in ("32-true", "bf16-mixed")}
     assert {"lightning_vs_plain", "lightning_vs_plain_bf16"} <= set(bench["overhead"]["targets"])
     assert bench["overhead"]["pairs"] >= 1  # Lightning steps each timed beside a plain step
+
+
+def test_a_miss_too_small_to_round_still_reads_as_a_miss():
+    from blocklab.bench.common import verdict
+
+    missed = verdict(1.0002, 1.0)
+    assert missed["met"] is False and missed["off_by"] == 0.001
+    assert verdict(1.0, 1.0) == {"value": 1.0, "target": 1.0, "met": True, "off_by": 0.0}
