@@ -1,8 +1,8 @@
 """The `modifications` sweep's jobs, from the registries: a decoder-LM baseline and one change at a time.
 
 Every Registry of blocklab.model (and blocklab.optim's optimizers) names a config key (`attn.kind`, `optim.name`...),
-whose first part is a config group. A modification is one option of such a group (conf/<group>/<option>.yaml, so MQA and GQA, which are options
-of `attn`, count), or, for a registry entry no option selects, that entry set on the baseline's option
+whose first part is a config group. A modification is one option of such a group (conf/<group>/<option>.yaml, so
+MQA and GQA, which are options of `attn`, count), or, for a registry entry no option selects, that entry set on the baseline's option
 (`pos.scaling=yarn`). Each is stored in Hydra's ConfigStore as an option of the group `modification` (package
 _global_: an `override /<group>: <option>` in its defaults list, or the key's value), so each job is composed by
 Hydra like any other: `modification=attn-mqa` (the sweep file's defaults pick `baseline`, registered on

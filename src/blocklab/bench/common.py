@@ -128,7 +128,8 @@ def verdict(value: float, target: float, lower_is_better: bool = True) -> dict:
     met = value <= target if lower_is_better else value >= target
     miss = value / target - 1 if lower_is_better else target / value - 1
     # A miss under 0.05% still reads as a miss (0.001), not as 0.0, which means met.
-    return {"value": round(value, 3), "target": target, "met": met, "off_by": 0.0 if met else max(round(miss, 3), 0.001)}
+    off_by = 0.0 if met else max(round(miss, 3), 0.001)
+    return {"value": round(value, 3), "target": target, "met": met, "off_by": off_by}
 
 
 # ------------------------------------------------------------------------- nanoGPT reference
