@@ -22,11 +22,14 @@ def own_options(optim: dict) -> dict:
 
 
 def model_errors(optim: dict, param: str) -> list[str]:
-    """Between the optimizer and the model's parametrization (model.param)."""
-    if optim.get("name", "adamw") == "muon" and param != "sp":
-        return [f"optim=muon with param={param}: µP's per-layer learning rates are Adam's table (Yang et al. 2022), "
-                "and Muon scales its update by width itself (optim.adjust_lr); use param=sp with optim=muon"]
-    return []
+    """Between the optimizer and the model's parametrization (model.param): an entry that declares the
+    parametrizations it serves (`parametrizations`, with the reason as `parametrization_why`) refuses the others."""
+    name = optim.get("name", "adamw")
+    served = getattr(OPTIMIZERS.get(name), "parametrizations", None)
+    if served is None or param in served:
+        return []
+    return [f"optim={name} with param={param}: {OPTIMIZERS[name].parametrization_why}; use param={served[0]} with "
+            f"optim={name}"]
 
 
 def optimizer_errors(optim: dict) -> list[str]:
@@ -177,7 +180,7 @@ def muon(model: nn.Module, optim: dict, momentum: float = 0.95, nesterov: bool =
     instead of three), and torch.optim.Muon orthogonalizes each parameter as one matrix, so the stacked update is
     orthogonalized jointly, not per block as Keller Jordan's later modded-nanogpt does with its (3, d, d) qkv weight.
     Splitting them would change every checkpoint's layout; Moonlight's reference example, on a model with separate
-    q, k and v, is per matrix. The difference is measured on `frontier`'s page, not assumed away."""
+    q, k and v, is per matrix. The difference between the two is not measured here."""
     hidden = hidden_matrices(model)
     hidden_ids = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if id(p) not in hidden_ids]
@@ -200,3 +203,6 @@ def _muon_errors(options: dict) -> list[str]:
 
 
 muon.errors = _muon_errors
+muon.parametrizations = ("sp",)
+muon.parametrization_why = ("µP's per-layer learning rates are Adam's table (Yang et al. 2022), and Muon scales its "
+                            "update by width itself (optim.adjust_lr)")
