@@ -75,7 +75,8 @@ class Attention(nn.Module):
     honours_patterns = False  # True: it attends only where attn.pattern allows (the context's mask or blocked pattern)
     # True: it soft-caps its softmax scores under attn.softcap = c > 0, each score s = scale q.k becoming
     # c tanh(s / c) before the mask (Gemma 2's attn_logits_soft_cap, 50 there; model.transformer.softcap cites it).
-    # The fused kernel cannot apply it, so attention then takes the explicit path (`python -m blocklab.bench softcap`).
+    # The fused kernel cannot apply it, so attention then takes the explicit path, whose cost the attention bench
+    # measures (`python -m blocklab.bench attention`, its explicit rows).
     caps_scores = False
     softcap = 0.0  # attn.softcap, set by build_attention
     mixes_values = True  # model.value_residual applies: its values are the 'v' rows of qkv_proj (not MLA's latent)
