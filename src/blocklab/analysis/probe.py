@@ -65,7 +65,7 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
     try:
         _, weights = model(on_model["input"], need_weights=True, **model_inputs(on_model))
         positions = torch.arange(batch["input"].shape[1], device=device_of(model))[None]
-        embedded = model.pos.embed(model.tok_emb(on_model["input"]), positions).cpu()
+        embedded = model.pos.embed(model.embed_tokens(on_model["input"]), positions).cpu()
     finally:
         for hook in hooks:
             hook.remove()

@@ -282,7 +282,7 @@ class ModelConfig:
             vocab_size=vocab_size,
             max_len=max_len,
             segments=segments,
-            norm=NormConfig(**norm, options=norm_options),
+            norm=NormConfig(**norm, options=_recorded(NORM_TYPES, norm.get("type", NormConfig.type), norm_options)),
             pos=PosConfig(name=name, **shared, options=_recorded(POSITION_SCHEMES, name, pos)),
             attn=AttnConfig(**attn, options=_recorded(ATTENTION_KINDS, kind, attn_options),
                             pattern_options=pattern_options),
@@ -300,7 +300,8 @@ class ModelConfig:
         parts = {"norm": NormConfig, "pos": PosConfig, "attn": AttnConfig, "act": ActConfig, "ffn_kind": FfnConfig,
                  "init": InitConfig, "param": ParamConfig}
         data = dict(data)
-        for key, registry, field_name in (("pos", POSITION_SCHEMES, "name"), ("attn", ATTENTION_KINDS, "kind")):
+        for key, registry, field_name in (("pos", POSITION_SCHEMES, "name"), ("attn", ATTENTION_KINDS, "kind"),
+                                          ("norm", NORM_TYPES, "type")):
             group = data.get(key)
             if isinstance(group, dict) and isinstance(group.get("options"), dict):
                 data[key] = {**group, "options": old_run_options(registry, group.get(field_name), group["options"])}

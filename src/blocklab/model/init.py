@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from blocklab.model.attention import Attention
 from blocklab.model.block import Residual
 from blocklab.model.ffn import FFN
-from blocklab.model.norm import PLACEMENTS, deepnorm_beta
+from blocklab.model.norm import PLACEMENTS, deepnorm_beta, embedding_recipe
 from blocklab.model.param import PARAMETRIZATIONS
 from blocklab.registry import Registry
 
@@ -194,3 +194,6 @@ def apply_init(model, cfg):
             for weight in deepnet_scaled(model):
                 weight.mul_(gain)
     cfg.param.rule().rescale_init(model)  # µP: from the base width's std to this width's
+    recipe = embedding_recipe(cfg.norm.type, cfg.norm.options, cfg.d_model)
+    if recipe is not None:  # the norm type's own embedding init (DyT's, with its learned gain) replaces the scheme's
+        nn.init.normal_(model.tok_emb.weight, 0.0, recipe[1])

@@ -1,6 +1,7 @@
 """Normalization: the norm types (what a norm computes) and the placements (where norms sit around
 each sublayer), each a registry. A placement is described once here; the Block, the final norm,
 the init schemes, the config and the analysis probe read that description."""
+import math
 from dataclasses import dataclass
 
 import torch
@@ -72,8 +73,27 @@ class DynamicTanh(nn.Module):
 
 
 @NORM_TYPES.register("dyt")
-def dynamic_tanh(dim: int, eps: float, bias: bool, affine: bool, alpha_init: float = 0.5) -> nn.Module:
+def dynamic_tanh(dim: int, eps: float, bias: bool, affine: bool, alpha_init: float = 0.5,
+                 embedding_gain: bool = True) -> nn.Module:
+    """embedding_gain: the token embeddings as the authors' LLaMA runs have them (jiachenzhu/DyT,
+    other_tasks/LLaMA/fms_fsdp/models/llama.py: fms's WordEmbedding initialised at std d^-1/2, times `shared_scale`,
+    one learned scalar starting at sqrt(d)), so the stack starts from unit-scale tokens and a tied readout of
+    weights d^-1/2. DyT's output lies in [-1, 1]^d: with the usual std 0.02 embeddings the readout can reach the
+    unigram logits only by saturating the final DyT, which then outputs one vector at every position (measured:
+    docs/decisions/dyt-embedding-gain.md). The model reads it (`embedding_recipe`), not the layer; false is the
+    layer alone, as the paper prints it."""
     return DynamicTanh(dim, alpha_init, bias, affine)
+
+
+# A run saved before the option existed trained without it.
+dynamic_tanh.old_run_options = lambda options: {"embedding_gain": False, **options}
+
+
+def embedding_recipe(norm_type: str, options: dict, d_model: int) -> tuple[float, float] | None:
+    """(the learned embedding gain's start, the embeddings' init std) if the norm type asks for them (DyT's
+    `embedding_gain`: sqrt(d) and d^-1/2), else None."""
+    asks = {**NORM_TYPES.options(norm_type), **options}.get("embedding_gain", False)
+    return (math.sqrt(d_model), 1 / math.sqrt(d_model)) if asks else None
 
 
 @NORM_TYPES.register("none")

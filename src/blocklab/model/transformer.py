@@ -15,7 +15,7 @@ from blocklab.model.cache import DecodingCache
 from blocklab.model.ffn import dropout_layer
 from blocklab.model.init import apply_init
 from blocklab.model.mask import AttentionContext, cross_attention_context, self_attention_context
-from blocklab.model.norm import PLACEMENTS, apply_norm, build_norm
+from blocklab.model.norm import PLACEMENTS, apply_norm, build_norm, embedding_recipe
 from blocklab.model.param import Readout
 from blocklab.model.patterns import Pattern, build_pattern
 from blocklab.model.position import build_position
@@ -59,6 +59,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        recipe = embedding_recipe(cfg.norm.type, cfg.norm.options, cfg.d_model)  # DyT's, else None
+        self.emb_gain = None if recipe is None else nn.Parameter(torch.tensor(recipe[0]))
         self.pos = build_position(cfg.pos.name, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attn.causal,
                                   **cfg.position_options())
         self.patterns = layer_patterns(cfg)  # which keys each query sees, per self-attention layer
@@ -106,6 +108,11 @@ class Transformer(nn.Module):
         digit indices of 0 for a model with Abacus embeddings, nothing otherwise."""
         return {} if self.abacus is None else {"digit_index": torch.zeros_like(idx)}
 
+    def embed_tokens(self, idx: Tensor) -> Tensor:
+        """The token embeddings of idx, times the learned gain where the norm type asks for one (DyT)."""
+        tokens = self.tok_emb(idx)
+        return tokens if self.emb_gain is None else tokens * self.emb_gain
+
     def _dropout(self, x: Tensor) -> Tensor:
         return x if self.drop is None else self.drop(x)
 
@@ -135,7 +142,7 @@ class Transformer(nn.Module):
         context, encoder memory) if any. segment and sentence: the encoder-only model's sentence pairs.
         at: the positions to give logits at (forward)."""
         contexts = self._contexts(self.pos, idx, positions, valid, cache, self.cfg.attn.causal, need_weights)
-        tokens = self.tok_emb(idx)
+        tokens = self.embed_tokens(idx)
         if segment is not None:
             tokens = tokens + self.segment_emb(segment)
         x = self.pos.embed(tokens, contexts[0].positions)
@@ -175,7 +182,7 @@ class EncoderDecoder(Transformer):
     def encode(self, source: Tensor, source_valid: Tensor | None = None, need_weights: bool = False) -> Tensor:
         """Bidirectional pass over right-padded sources (padding is never attended to)."""
         contexts = self._contexts(self.enc_pos, source, None, source_valid, None, False, need_weights)
-        x = self._dropout(self.enc_pos.embed(self.tok_emb(source), contexts[0].positions))
+        x = self._dropout(self.enc_pos.embed(self.embed_tokens(source), contexts[0].positions))
         for block, ctx in zip(self.encoder, contexts):
             x = block(x, ctx)
         return apply_norm(self.enc_norm, x, source_valid)
