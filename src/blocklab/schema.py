@@ -318,6 +318,17 @@ ABLATIONS: dict[str, tuple] = {
 }
 
 
+def ablation_choices(config: dict) -> dict:
+    """Each declared ablation's value in a run's config, under its key with '_' for '.' (`attn_output_gate`), so that
+    results.json's choices name every option a modification can change."""
+    picked = {}
+    for key in ABLATIONS:
+        group, _, field_name = key.partition(".")
+        value = (config.get(group) or {}).get(field_name)
+        picked[key.replace(".", "_")] = "none" if value is None else value  # null as TensorBoard can hold it
+    return picked
+
+
 def schema_errors(config: dict) -> list[str]:
     """One line per key whose value its spec refuses, and per unknown key of a group nobody else owns. A number
     that is not finite is refused wherever it is, a variant's own options included: nothing trains with it."""

@@ -19,6 +19,7 @@ from blocklab.experiment import RunConfig, Setup, run_config
 from blocklab.model.size import model_size
 from blocklab.errors import ConfigError, RunFolderError, print_error
 from blocklab.hardware import accelerator_error, keep_freed_memory, precision_warning, use_threads
+from blocklab.schema import ablation_choices
 from blocklab.results import (CHECKPOINT, MODEL_FILE, SAVED_CONFIG, TOKENIZER_FILE, flatten, print_summary,
                               write_results)
 from blocklab.train.callbacks import (DivergenceGuard, GracefulInterrupt, LastCheckpoint, RunRecord, StepProgressBar,
@@ -113,8 +114,8 @@ def train_and_evaluate(config: RunConfig) -> float | None:
     if warning and is_rank_zero:
         print(warning, file=sys.stderr)
     L.seed_everything(config["seed"], workers=True, verbose=False)
-    picked = choices(setup.model_cfg, config["seed"], config["trainer"].get("precision", "32-true"),
-                     config["optim"].get("name", "adamw"))
+    picked = {**choices(setup.model_cfg, config["seed"], config["trainer"].get("precision", "32-true"),
+                        config["optim"].get("name", "adamw")), **ablation_choices(config)}
     run_name = "-".join(str(picked[k]) for k in ("norm", "pos", "act", "attn", "init")) + \
         f"-h{picked['n_heads']}-s{picked['seed']}"
     lit = LitTransformer(setup.model_cfg, config["optim"],
