@@ -4,8 +4,7 @@
 Each seed gives one gap per place, A - B at `where` and A - B at `than_where` (each paired by seed as any claim's
 sides are); the statistic is the mean over seeds of gap(where) - gap(than_where), decided by the same two-sided
 paired t-test and Holm step-down as every claim of the page (judge.py). Pairing both gaps by seed cancels what a seed
-does to every setting alike (its data order), which is the point of a paired design: a depth study's seed noise in
-the gap is smaller than in either loss.
+does to every setting alike (its data order), as for any paired claim.
 
 Its direction reads as the page's other claims: for a metric better lower (a loss) the claim holds where
 gap(where) - gap(than_where) < 0, A ahead of B by more at `where`; for a metric better higher, where it is > 0.
