@@ -230,6 +230,18 @@ def test_a_collected_run_keeps_what_its_plots_read_and_the_page_draws_it_back():
     assert math.isclose(rows[0]["diverged"], 0.0)
 
 
+def test_a_compare_key_that_is_also_a_plot_s_x_keeps_its_own_value_in_a_bar_label():
+    """by_choice over model.n_layers records it among the figure values as a float; the bar over the same key labels
+    the setting as its sweep named it (n_layers 2, not 2.0)."""
+    plots = [{"kind": "bar", "metric": "final_val_loss", "by": ["model.n_layers"]},
+             {"kind": "by_choice", "metric": "final_val_loss", "x": "model.n_layers", "by": []}]
+    run = {"run": "/nowhere/0", "seed": 0, "model.n_layers": 2, "status": "completed", "final_val_loss": 2.5}
+    record = figure_record(run, plots, False)
+    assert record["values"]["model.n_layers"] == 2.0 and isinstance(record["values"]["model.n_layers"], float)
+    rows = page_rows([{**_job({"model.n_layers": 2}, 0), "figure": record}])
+    assert rows[0]["model.n_layers"] == 2 and isinstance(rows[0]["model.n_layers"], int)
+
+
 def test_the_diagnostics_keep_the_first_heads_weights_as_numbers_beside_the_heatmaps(tmp_path):
     """What attention_maps draws on a page: each layer's first MAX_HEADS_KEPT heads of the first probe example, as
     numbers to 3 decimals; each row of a causal softmax still sums to 1 (to the rounding) with zeros above the

@@ -1,12 +1,14 @@
 """A sweep's registered claims, fingerprinted: a page whose claims were edited after its runs were measured says so.
 
-A claim's fingerprint covers what it tests (its sentence, metric, sides, `where`, `min_effect`), not how the page
-words its context (`paper`, `paper_scale`, `why`, `figure`). Each run's saved config holds study.verdict as it was
-when the run trained, so the fingerprint at measurement time is read from the runs, old ones included."""
+A claim's fingerprint covers what it tests (its sentence, metric, sides, `where`, `than_where`, `min_effect`), not
+how the page words its context (`paper`, `paper_scale`, `why`, `figure`). Each run's saved config holds
+study.verdict as it was when the run trained, so the fingerprint at measurement time is read from the runs, old ones
+included."""
 import hashlib
 import json
 
 TESTED = ("claim", "metric", "better", "than", "where", "min_effect")
+LATER = ("than_where",)  # a gap claim's second place (gap.py)
 
 
 def claims_hash(verdict) -> str | None:
@@ -15,7 +17,9 @@ def claims_hash(verdict) -> str | None:
     if not isinstance(verdict, dict):
         return None
     registered = [verdict, *(verdict.get("also") or [])]
-    tested = [{k: c.get(k) for k in TESTED} if isinstance(c, dict) else c for c in registered]
+    # A key added later joins the fingerprint only where a claim states it, so older claims keep theirs
+    tested = [{**{k: c.get(k) for k in TESTED}, **{k: c[k] for k in LATER if k in c}} if isinstance(c, dict) else c
+              for c in registered]
     text = json.dumps(tested, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

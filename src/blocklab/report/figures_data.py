@@ -152,9 +152,11 @@ def page_rows(jobs: list[dict]) -> list[dict]:
             if more.get("length") == e.get("length"):
                 e.update(more)
         trained = [e["length"] for e in evals if e.get("in_distribution") and e.get("length") is not None]
-        rows.append({**fig.get("keys", {}), **job.get("setting", {}), "seed": job.get("seed"),
+        # The setting last of the values: a plot's `x` that is a compare key (by_choice over model.n_layers) is
+        # recorded as a float among the values, and a bar's label reads the setting's own value (2, not 2.0)
+        rows.append({**fig.get("keys", {}), "seed": job.get("seed"),
                      "status": job.get("status"), "diverged": float(job.get("status") == "diverged"),
-                     **(job.get("metrics") or {}), **fig.get("values", {}), "eval": evals,
+                     **(job.get("metrics") or {}), **fig.get("values", {}), **job.get("setting", {}), "eval": evals,
                      "train_max_length": max(trained) if trained else None,
                      **{f"layers_{w}": fig.get("layers", {}).get(w, {}) for w in WHENS},
                      "attention_weights": fig.get("attention_weights") or {}})

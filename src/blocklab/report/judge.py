@@ -20,7 +20,8 @@ learned; a claim about cost alone (`cost_only: true`) has no gate.
 
 A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
 why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns
-and cost_only.
+and cost_only. With `than_where` it is a claim about a gap (gap.py): A's advantage over B is larger at `where` than
+at `than_where`, tested on the per-seed differences of the two per-seed gaps, under the same Holm step-down.
 
 Outcomes: yes (decided, the claimed way), no (decided, the other way), not distinguishable (at N seeds, whatever
 the means say), no difference that matters (decided, but the interval lies inside the claim's ±min_effect), not
@@ -28,7 +29,7 @@ testable (a compared setting did not learn, or a constant metric), not measured.
 import math
 from dataclasses import dataclass
 
-from blocklab.report import stats
+from blocklab.report import gap, stats
 from blocklab.report.build import _direction
 from blocklab.report.claims import claims_hash
 from blocklab.report.common import group, order
@@ -112,6 +113,7 @@ class _Pairs:
     sd_b: float | None
     min_effect: float | None
     paired: stats.Paired | None
+    keys: list[str]  # each pair's label (its seed, and the compare keys the claim leaves open), as a, b
 
 
 def _label(key: tuple, rest: list[str]) -> str:
@@ -146,7 +148,7 @@ def _pair(meta: dict, jobs: list[dict], claim: dict, words: dict, a: list[dict],
     lower = _direction(metric) is False
     seen = stats.finite([metric_of(j, metric) for j in jobs if j.get("status") in KEPT])
     worst = max(seen) if lower and seen else None
-    xs, ys, notes, incomplete = [], [], [], []
+    xs, ys, notes, incomplete, labels = [], [], [], [], []
     for key in sorted(set(sa) | set(sb), key=lambda k: tuple(order(v) for v in k)):
         (va, why_a), (vb, why_b) = sa.get(key, (None, "has no run")), sb.get(key, (None, "has no run"))
         gaps = [f"{name} {why}" for name, v, why in ((words["a"], va, why_a), (words["b"], vb, why_b)) if v is None]
@@ -157,6 +159,7 @@ def _pair(meta: dict, jobs: list[dict], claim: dict, words: dict, a: list[dict],
             notes.append(f"{_label(key, rest)}: {' and '.join(gaps)}")
         xs.append(worst if va is None else va)
         ys.append(worst if vb is None else vb)
+        labels.append(_label(key, rest))
     if xs and len(set(xs + ys)) == 1 and not incomplete:
         return Verdict("const", f"{words['claim']}: not testable: {metric} is {stats.fmt(xs[0])} on every run of both "
                                 f"{words['a']} and {words['b']} ({len(xs)} seeds each), and a constant cannot carry a "
@@ -168,11 +171,36 @@ def _pair(meta: dict, jobs: list[dict], claim: dict, words: dict, a: list[dict],
                                f"number (the smallest difference that matters, in {metric}'s units).")
     base = stats.estimate(recorded[1])
     return _Pairs(claim, words, xs, ys, notes, worst, incomplete, base.sd if base.n > 1 else None, effect,
-                  stats.paired_t([x - y for x, y in zip(xs, ys)]))
+                  stats.paired_t([x - y for x, y in zip(xs, ys)]), labels)
+
+
+def _gap_test(meta: dict, jobs: list[dict], claim: dict) -> Verdict | _Pairs:
+    """A claim that A's advantage over B is larger at `where` than at `than_where` (gap.py): the gap A - B paired by
+    seed at each place, as any claim's (the learned gate holding all four settings), then the two gaps paired."""
+    if why := gap.error(claim):
+        return Verdict("none", f"{claim.get('claim') or 'A gap claim'}: not judged: {why}.")
+    tests = [_test(meta, jobs, c) for c in gap.places(claim)]
+    if lost := next((t for t in tests if isinstance(t, Verdict)), None):
+        return lost
+    (at, versus), shown = tests, {k: claim["where"][k] for k in claim[gap.KEY]}
+    names = [f"({at.words['a']} − {at.words['b']}) at {spec_label(place)}" for place in (shown, claim[gap.KEY])]
+    gaps = [{k: x - y for k, x, y in zip(t.keys, t.a, t.b)} for t in tests]
+    keys, xs, ys, lacking = gap.pair(*gaps)
+    one = [f"{key}: {name} has no pair" for key in lacking for name, g in zip(names, gaps) if key not in g]
+    notes = [f"{name}: {note}" for name, t in zip(names, tests) for note in t.notes]
+    incomplete = [f"{name}: {x}" for name, t in zip(names, tests) for x in t.incomplete] + one
+    base = stats.estimate(ys) if ys else None
+    return _Pairs(claim, {**at.words, "a": names[0], "b": names[1]}, xs, ys, notes, at.worst, incomplete,
+                  base.sd if base and base.n > 1 else None, at.min_effect,
+                  stats.paired_t([x - y for x, y in zip(xs, ys)]), keys)
 
 
 def sides(meta: dict, jobs: list[dict], claim: dict) -> tuple[tuple[str, list[dict]], tuple[str, list[dict]]]:
-    """The claim's two sides within its `where`: (label, runs) of `better`, then of `than`."""
+    """The claim's two sides within its `where`: (label, runs) of `better`, then of `than`; a gap claim's at both
+    its places."""
+    if gap.is_gap(claim) and not gap.error(claim):
+        (a1, b1), (a2, b2) = (sides(meta, jobs, c) for c in gap.places(claim))
+        return (a1[0], a1[1] + a2[1]), (b1[0], b1[1] + b2[1])
     groups = _within(meta, jobs, claim)
     return select(groups, claim.get("better")), select(groups, claim.get("than"))
 
@@ -199,6 +227,8 @@ def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:
     study = meta["study"]
     if not isinstance(claim, dict) or not isinstance(claim.get("metric"), str):
         return Verdict("none", "The sweep file states no claim to test (study.verdict).")
+    if gap.is_gap(claim):
+        return _gap_test(meta, jobs, claim)
     metric = claim["metric"]
     (a_name, a), (b_name, b) = sides(meta, jobs, claim)
     words = {"claim": claim.get("claim") or f"{a_name} beats {b_name} on {metric}", "a": a_name, "b": b_name,
