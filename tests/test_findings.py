@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 
-from blocklab.report import figures, findings, stats
+from blocklab.report import findings, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ROOT / "docs" / "findings"
@@ -26,11 +26,12 @@ def test_every_committed_page_is_what_its_data_renders():
 
 
 def test_every_figure_is_small_and_is_what_its_data_draws():
-    """Each page draws one figure per plot its sweep's `plots:` names (<sweep>.png, <sweep>.1.png, ...)."""
+    """Each page draws one figure per plot its sweep's `plots:` names (<sweep>.png, <sweep>.1.png, ...), and a
+    ladder's page its section's (<sweep>.ladder.png)."""
     for data in sorted(PAGES.glob("*.jsonl")):
         meta, jobs = findings.read_jsonl(data)
-        for i, (_, drawn) in enumerate(findings.draw(meta, jobs)):
-            png = data.parent / figures.page_png_name(data.stem, i)
+        for name, drawn in findings.pngs(data, meta, jobs):
+            png = data.parent / name
             assert png.stat().st_size <= findings.MAX_PNG_BYTES, png
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
             if meta["matplotlib"] == matplotlib.__version__:  # another version may draw other bytes
