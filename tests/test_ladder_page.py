@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blocklab.report import findings, ladder_page, page_text
+from blocklab.report import findings, findings_index, ladder_page, page_text
 from test_scaling import A_CROSS, B_LAW, NS, SEEDS, law
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,3 +118,40 @@ def test_the_committed_activations_ladder_page_has_its_section():
     holds = ladder_page.holds(meta, jobs)
     assert f"(activations_ladder.md#does-it-hold-at-scale): {holds}." in \
         (ROOT / "docs/findings/activations.md").read_text(encoding="utf-8")
+    index = (ROOT / "docs/findings/README.md").read_text(encoding="utf-8").splitlines()
+    row = next(line for line in index if line.endswith("| [activations](activations.md) |"))
+    assert f"| [{holds}](activations_ladder.md#does-it-hold-at-scale) | 3 |" in row
+
+
+def _index_folder(tmp_path, monkeypatch, said=None):
+    monkeypatch.setattr(findings_index, "ladders_of", lambda name: ["x_ladder"] if name == "x" else [])
+    if said is not None:
+        monkeypatch.setattr(ladder_page, "holds", lambda meta, jobs: said)
+    flat = {"name": "x", "compare": ["act"], "metrics": ["final_val_loss"], "question": "Q?",
+            "verdict": {"claim": "a beats b", "metric": "final_val_loss", "better": {"act": "a"},
+                        "than": {"act": "b"}}}
+    _write(tmp_path / "x.jsonl", flat, [{**j, "setting": {"act": j["setting"]["act"]}}
+                                        for j in _jobs(CROSSING) if j["setting"]["study.rung"] == "r0"])
+    _write(tmp_path / "x_ladder.jsonl", _study("x_ladder"), _jobs(CROSSING))
+    return {r["name"]: r for r in findings_index.index_rows(tmp_path)}
+
+
+def test_the_index_says_whether_a_claim_holds_at_scale_where_it_has_a_ladder(tmp_path, monkeypatch):
+    rows = _index_folder(tmp_path, monkeypatch)
+    # the claim's 1x row and the ladder's own row both carry the ladder's verdict; every other row has none
+    for name in ("x", "x_ladder"):
+        (cell,) = rows[name]["holds"]
+        assert cell["stem"] == "x_ladder" and cell["said"].startswith("yes: reverses within the measured range")
+    assert all(not r["holds"] for name, r in rows.items() if name not in ("x", "x_ladder"))
+    index = findings_index.render_index(tmp_path)
+    assert "| holds at scale? |" in index and "[how to read\na transfer verdict](transfer_verdicts.md)" in index
+    line = next(x for x in index.splitlines() if x.endswith("| [x](x.md) |"))
+    assert "| [yes: reverses within the measured range: crosses near N_x = " in line
+    other = next(x for x in index.splitlines() if x.endswith("| [activations](activations.md) |"))
+    assert other.endswith("| not testable | – | – | [activations](activations.md) |")  # no ladder here: "–"
+
+
+def test_an_index_cell_keeps_the_answer_length_rule(tmp_path, monkeypatch):
+    rows = _index_folder(tmp_path, monkeypatch, said="holds but shrinks: " + "x" * 300)
+    (cell,) = rows["x"]["holds"]
+    assert len(cell["said"]) == findings_index.ANSWER_LIMIT and cell["said"].endswith("…")
