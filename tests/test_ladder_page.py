@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blocklab.report import findings, findings_index, ladder_page, page_text
+from blocklab.report import findings, findings_index, ladder_page, page_text, scaling
 from test_scaling import A_CROSS, B_LAW, NS, SEEDS, law
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,3 +155,51 @@ def test_an_index_cell_keeps_the_answer_length_rule(tmp_path, monkeypatch):
     rows = _index_folder(tmp_path, monkeypatch, said="holds but shrinks: " + "x" * 300)
     (cell,) = rows["x"]["holds"]
     assert len(cell["said"]) == findings_index.ANSWER_LIMIT and cell["said"].endswith("…")
+
+
+# ---------------------------------------------------------------- docs/findings/transfer_verdicts.md
+def _case(curve_a, noise=0.002, seed=3):
+    from test_scaling import ladder
+
+    rng = np.random.default_rng(seed)
+    return scaling.compare({"a": ladder(curve_a, noise, rng), "b": ladder(B_LAW, noise, rng)}, "a", "b",
+                           resamples=400)
+
+
+# test_scaling.py's laws built for each verdict (A leads by 0.05 at 1e4 on a lower E; A leads by less each rung on a
+# higher E until 1e7; one law; the crossing pair)
+GROWING = law(1.7, (-0.05 + 0.3 + 25 * 1e4 ** -0.35) * 1e4 ** 0.3, 0.3)
+SHRINKING = law(2.05, 25.0 - 0.05 * 1e7 ** 0.35, 0.35)
+
+
+@pytest.mark.parametrize("curve, noise, steps, last", [
+    (GROWING, 0.002, 4, "**holds and grows**"),
+    (SHRINKING, 0.002, 4, "**holds but shrinks: crosses near N_x = "),
+    (B_LAW, 0.01, 2, "**undetermined**"),
+    (CROSSING["a"], 0.002, 3, "**reverses within the measured range: crosses near N_x = "),
+])
+def test_the_worked_example_walks_each_verdict_to_the_one_its_laws_were_built_for(curve, noise, steps, last):
+    from blocklab.report import verdict_guide
+
+    comparison = _case(curve, noise)
+    said = verdict_guide.steps(comparison)
+    assert len(said) == steps and last in said[-1]
+    largest = comparison.measured[-1]
+    gap = comparison.gaps[largest]
+    assert f"N = {largest:,.0f}" in said[0] and f"{gap.value:.4f} [{gap.low:.4f}, {gap.high:.4f}]" in said[0]
+
+
+def test_the_guide_s_example_is_read_from_the_committed_ladder(tmp_path):
+    from blocklab.report import verdict_guide
+
+    assert "not committed at this commit" in verdict_guide.render_guide(tmp_path)
+    _write(tmp_path / f"{verdict_guide.EXAMPLE}.jsonl", _study(verdict_guide.EXAMPLE), _jobs(CROSSING))
+    guide = verdict_guide.render_guide(tmp_path)
+    meta, jobs = findings.read_jsonl(tmp_path / f"{verdict_guide.EXAMPLE}.jsonl")
+    comparison = ladder_page.analysis(ladder_page.rows_of(jobs), meta["study"])[2]
+    n_x = comparison.crossing_within
+    assert f"**reverses within the measured range: crosses near N_x = {n_x.value:.3g}" in guide
+    assert "Said of the claim: yes: reverses within the measured range" in guide
+    assert "Decision accuracy over its 1 setting pairs: 0.00 [0.00, 0.00]." in guide
+    committed = (ROOT / "docs/findings/transfer_verdicts.md").read_text(encoding="utf-8")
+    assert committed == verdict_guide.render_guide(ROOT / "docs/findings")

@@ -40,8 +40,8 @@ from blocklab.report.judge import AGREES, KEPT, OUTCOMES, also, judge, judge_pag
 from blocklab.report.judge import groups_of as _groups, keys_of as _keys  # noqa: F401 (the API)
 from blocklab.report.markdown import ENV, code, md  # noqa: F401
 from blocklab.report.page_tables import at_best, tuned  # noqa: F401 (the API)
-from blocklab.report import ladder_page
-from blocklab.report.page_text import (SWEEPS, ladder_links, other_scales, page_text, render_page,  # noqa: F401
+from blocklab.report import ladder_page, verdict_guide
+from blocklab.report.page_text import (GUIDE, SWEEPS, ladder_links, other_scales, page_text, render_page,  # noqa: F401
                                        render_unmeasured, sweep_study)
 
 MAX_PNG_BYTES = 150_000
@@ -135,6 +135,7 @@ def expected(out: Path) -> dict[Path, str]:
         if (out / f"{name}.md") not in pages:
             pages[out / f"{name}.md"] = render_unmeasured(name)
     pages[out / "README.md"] = render_index(out)
+    pages[out / GUIDE] = verdict_guide.render_guide(out)  # how to read a ladder's verdict, its example from data
     return pages
 
 
@@ -159,6 +160,7 @@ def rerender(out: Path, figures: bool = True) -> list[Path]:
 
 def write_index(out: Path) -> Path:
     path = _write_index(out)
+    folder.write_text(out, GUIDE, verdict_guide.render_guide(out))  # its worked example may read this sweep
     for name in sweep_names():  # a sweep without its page gets the unmeasured one
         if not folder.exists(out, f"{name}.md"):
             folder.write_text(out, f"{name}.md", render_unmeasured(name))
