@@ -4,9 +4,10 @@ Each row: its exercise (or source), the question, an answer of at most ANSWER_LI
 on the question's metric and how many are not distinguishable from it: page_text.short_answer), "agrees" in
 exactly one of AGREES' four words, "holds at scale?" (for a claim with a ladder, its own or one whose sweep file
 says `ladder_of` it: the ladder page's transfer verdict said of the claim, report/ladder_page.holds, at most
-ANSWER_LIMIT characters, linked to the page's section; "–" elsewhere), its seeds and its page. A sweep measured at several `study.scale`s (and so on
-several machines) is one row: "at 1x: ...; at 4x: ...", with each scale's verdict where they differ, and the
-agrees word of the largest scale measured (the longest training, the one a reader should trust first)."""
+ANSWER_LIMIT characters, linked to the page's section; "–" elsewhere), its seeds and its page. A sweep measured at
+several `study.scale`s (and so on several machines) is one row: "at 1x: ...; at 4x: ...", with each scale's verdict
+where they differ, and the agrees word of the largest scale measured (the longest training, the one a reader should
+trust first)."""
 import re
 from collections import Counter
 from pathlib import Path

@@ -27,7 +27,9 @@ DEFAULT_PARAM = "sp"  # a run that records no `param` ran before the group exist
 
 
 def _setting(row: dict, keys: list[str]) -> str:
-    return ",".join(str(row.get(k)) for k in keys)
+    """A setting's name: its values, a number with its key (n_heads=4, not 4)."""
+    return ",".join(v if not v.replace(".", "").lstrip("-").isdigit() else f"{k.rsplit('.', 1)[-1]}={v}"
+                    for k in keys for v in [str(row.get(k))])
 
 
 def setting_keys(study: dict) -> list[str]:

@@ -10,7 +10,7 @@ import glob
 from dataclasses import dataclass
 from pathlib import Path
 
-from blocklab import study_folder
+from blocklab import folder, study_folder
 from blocklab.report import stats
 from blocklab.report.build import _direction
 from blocklab.report.common import name as setting_name, order
@@ -223,7 +223,7 @@ def ladder_links(data: Path, meta: dict) -> list[dict]:
     links = []
     for stem in ladders_of(name):
         said = "not measured yet"
-        if (data.parent / f"{stem}.jsonl").is_file():
+        if folder.exists(data.parent, f"{stem}.jsonl"):
             said = ladder_page.holds(*read_jsonl(data.parent / f"{stem}.jsonl")) or "no fit yet"
         links.append({"stem": stem, "holds": said, "anchor": ladder_page.ANCHOR})
     return links

@@ -73,13 +73,15 @@ def example(out: Path) -> dict | None:
             "settings": [Markup(md(s)) for s in settings], "rungs": len(next(iter(settings.values()))),
             "seeds": ", ".join(str(s) for s in meta["seeds"]), "laws": laws, "steps": steps(comparison),
             "for_claim": ladder_page.for_the_claim(comparison, comparison.a), "accuracy": _fmt(accuracy, 2),
-            "bound": any(fitted[name][0].at_bound for name in (comparison.a, comparison.b)), "pairs": pairs, "param": Markup(ladder_page.parametrization(rows)), "anchor": ladder_page.ANCHOR}
+            "bound": any(fitted[name][0].at_bound for name in (comparison.a, comparison.b)), "pairs": pairs,
+            "param": Markup(ladder_page.parametrization(rows)), "anchor": ladder_page.ANCHOR}
 
 
 def render_guide(out: Path) -> str:
     return ENV.get_template("transfer_verdicts.md.j2").render(
         example=example(out), example_name=EXAMPLE, resamples=f"{scaling.RESAMPLES:,}",
-        confidence=f"{scaling.CONFIDENCE:.0%}", tail=f"{(1 - scaling.CONFIDENCE) / 2:.1%}", ladder_rungs=ladder.MIN_RUNGS,
+        confidence=f"{scaling.CONFIDENCE:.0%}", tail=f"{(1 - scaling.CONFIDENCE) / 2:.1%}",
+        ladder_rungs=ladder.MIN_RUNGS,
         low=scaling.ALPHA_LOW, high=scaling.ALPHA_HIGH, ten=scaling.EXTRAPOLATE[0],
         hundred=scaling.EXTRAPOLATE[-1], span=scaling.CROSS_SPAN, min_rungs=scaling.MIN_RUNGS,
         verdicts={"grows": scaling.GROWS, "shrinks": scaling.SHRINKS, "reverses": scaling.REVERSES,
