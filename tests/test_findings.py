@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 
-from blocklab.report import figures, findings, stats
+from blocklab.report import findings, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ROOT / "docs" / "findings"
@@ -26,11 +26,12 @@ def test_every_committed_page_is_what_its_data_renders():
 
 
 def test_every_figure_is_small_and_is_what_its_data_draws():
-    """Each page draws one figure per plot its sweep's `plots:` names (<sweep>.png, <sweep>.1.png, ...)."""
+    """Each page draws one figure per plot its sweep's `plots:` names (<sweep>.png, <sweep>.1.png, ...), and a
+    ladder's page its section's (<sweep>.ladder.png)."""
     for data in sorted(PAGES.glob("*.jsonl")):
         meta, jobs = findings.read_jsonl(data)
-        for i, (_, drawn) in enumerate(findings.draw(meta, jobs)):
-            png = data.parent / figures.page_png_name(data.stem, i)
+        for name, drawn in findings.pngs(data, meta, jobs):
+            png = data.parent / name
             assert png.stat().st_size <= findings.MAX_PNG_BYTES, png
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
             if meta["matplotlib"] == matplotlib.__version__:  # another version may draw other bytes
@@ -49,7 +50,7 @@ def test_every_sweep_has_a_page_and_the_index_every_exercise_but_the_proof():
     for name in sweeps - {p.stem for p in PAGES.glob("*.jsonl")}:  # no data: the first line says so
         first = (PAGES / f"{name}.md").read_text(encoding="utf-8").splitlines()[0]
         assert first.startswith("Not measured yet at this commit: run `python train.py -m sweep=" + name + "`")
-        assert f"| not testable | – | [{name}]({name}.md) |" in index
+        assert f"| not testable | – | – | [{name}]({name}.md) |" in index
 
 
 def test_the_readme_shows_the_index_first_rows_and_links_it():

@@ -113,3 +113,21 @@ def test_a_run_records_its_validation_curve(default_run):
     """trainer=debug validates every 10 of its 20 steps: results.json val_loss_curve has both, as a fit reads them."""
     curve = val_loss_curve(default_run)
     assert [step for step, _ in curve] == [10, 20] and all(0 < loss < 10 for _, loss in curve)
+
+
+@pytest.mark.slow
+def test_the_head_count_ladder_runs_under_mup_at_a_base_width_every_rung_allows(tmp_path):
+    """head_count_ladder: one head against four under param=mup. µP reads its base shapes at a fixed d_head
+    (model/param.py), and one head's d_head is the whole width, so the base width must be a multiple of every rung's
+    width: 16, 24, 32, 48 and 64 all divide 192 (= 3 x 64), the least such (at base 64, d48 with one head would
+    need 64 / 48 heads)."""
+    jobs = sweep_jobs(["sweep=head_count_ladder", f"hydra.sweep.dir={tmp_path}"])
+    assert len(jobs) == 2 * 5 * 3
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        for rung, width in {"d16": 16, "d24": 24, "d32": 32, "d48": 48, "d64": 64}.items():
+            for heads in (1, 4):
+                config = compose_job(["sweep=head_count_ladder", f"model.n_heads={heads}", f"study.rung={rung}",
+                                      "seed=0", "run_dir=unused"])
+                assert (config.param.name, config.param.base_width) == ("mup", 192)
+                assert (config.model.d_model, config.model.n_heads, config.trainer.max_steps) == (width, heads, 100)
+                assert 192 % (width // heads) == 0

@@ -40,7 +40,8 @@ from blocklab.report.judge import AGREES, KEPT, OUTCOMES, also, judge, judge_pag
 from blocklab.report.judge import groups_of as _groups, keys_of as _keys  # noqa: F401 (the API)
 from blocklab.report.markdown import ENV, code, md  # noqa: F401
 from blocklab.report.page_tables import at_best, tuned  # noqa: F401 (the API)
-from blocklab.report.page_text import (SWEEPS, other_scales, page_text, render_page,  # noqa: F401
+from blocklab.report import ladder_page, verdict_guide
+from blocklab.report.page_text import (GUIDE, SWEEPS, ladder_links, other_scales, page_text, render_page,  # noqa: F401
                                        render_unmeasured, sweep_study)
 
 MAX_PNG_BYTES = 150_000
@@ -84,6 +85,9 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
         written += write_page(data)
         if (base := out / f"{name}.jsonl") != data and folder.exists(out, base.name):  # the 1x page: this verdict too
             written.append(folder.write_text(out, f"{name}.md", page_text(base)))
+        of = sweep_study(name).get("ladder_of") if (SWEEPS / f"{name}.yaml").is_file() else None
+        if isinstance(of, str) and SAFE_NAME.fullmatch(of) and folder.exists(out, f"{of}.jsonl"):  # its claim's page
+            written.append(folder.write_text(out, f"{of}.md", page_text(out / f"{of}.jsonl")))  # links its verdict
     written.append(write_index(out))
     return written
 
@@ -101,14 +105,25 @@ def _figures(data: Path, drawn: list) -> list[tuple[str, str | None]]:
     return [(figures.page_png_name(data.stem, i), note) for i, (note, _) in enumerate(drawn)]
 
 
+def pngs(data: Path, meta: dict, jobs: list[dict], drawn: list | None = None) -> list[tuple[str, bytes]]:
+    """Every figure file of a page and its bytes: its plots' (`drawn`, where already drawn), then its ladder
+    section's (<sweep>.ladder.png)."""
+    drawn = draw(meta, jobs) if drawn is None else drawn
+    out = [(name, png) for (name, _), (_, png) in zip(_figures(data, drawn), drawn)]
+    if (ladder := ladder_page.page_png(meta, jobs)) is not None:
+        out.append((ladder_page.figure_name(data.stem), ladder))
+    return out
+
+
 # ---------------------------------------------------------------- writing and re-rendering
 def write_page(data: Path) -> list[Path]:
     """The page and figure of one findings file, beside it (through blocklab.folder, its folder the root)."""
     meta, jobs = read_jsonl(data)
     drawn = draw(meta, jobs)
-    written = [folder.write_bytes(data.parent, name, png) for (name, _), (_, png) in zip(_figures(data, drawn), drawn)]
+    written = [folder.write_bytes(data.parent, name, png) for name, png in pngs(data, meta, jobs, drawn)]
     page = folder.write_text(data.parent, data.with_suffix(".md").name,
-                             render_page(meta, jobs, _figures(data, drawn), other_scales(data, meta)))
+                             render_page(meta, jobs, _figures(data, drawn), other_scales(data, meta),
+                                         ladder_links(data, meta)))
     return [data, page, *written]
 
 
@@ -120,6 +135,7 @@ def expected(out: Path) -> dict[Path, str]:
         if (out / f"{name}.md") not in pages:
             pages[out / f"{name}.md"] = render_unmeasured(name)
     pages[out / "README.md"] = render_index(out)
+    pages[out / GUIDE] = verdict_guide.render_guide(out)  # how to read a ladder's verdict, its example from data
     return pages
 
 
@@ -133,8 +149,7 @@ def rerender(out: Path, figures: bool = True) -> list[Path]:
     changed = []
     for data in sorted(out.glob("*.jsonl")) if figures else []:
         meta, jobs = read_jsonl(data)
-        drawn = draw(meta, jobs)
-        for (name, _), (_, png) in zip(_figures(data, drawn), drawn):
+        for name, png in pngs(data, meta, jobs):
             if _differs(out, name, png):
                 changed.append(folder.write_bytes(out, name, png))
     for path, text in expected(out).items():
@@ -145,6 +160,7 @@ def rerender(out: Path, figures: bool = True) -> list[Path]:
 
 def write_index(out: Path) -> Path:
     path = _write_index(out)
+    folder.write_text(out, GUIDE, verdict_guide.render_guide(out))  # its worked example may read this sweep
     for name in sweep_names():  # a sweep without its page gets the unmeasured one
         if not folder.exists(out, f"{name}.md"):
             folder.write_text(out, f"{name}.md", render_unmeasured(name))

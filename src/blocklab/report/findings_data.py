@@ -3,6 +3,7 @@ setup and the study block, then one line per job with only the fields of results
 
 Everything read from a run is untrusted; runs' results.json are read through blocklab.folder."""
 import datetime
+import functools
 import json
 import math
 from collections import Counter
@@ -29,7 +30,7 @@ JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match"
               "tokens_per_s", "train_time_s", "steps", "machine", "commit")
 EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss", "next_sentence_acc")
 STUDY_FIELDS = ("name", "scale", "question", "exercise", "source", "paper", "compare", "metrics", "verdict",
-                "baseline", "page")
+                "baseline", "page", "ladder")  # ladder: its rungs, for the page's fit (report/ladder_page.py)
 
 def _plain(value):
     """A JSON scalar: a non-finite float is null, anything not a scalar is left out (null)."""
@@ -163,6 +164,21 @@ def sweep_study(name: str) -> dict:
 
     study = OmegaConf.load(SWEEPS / f"{name}.yaml").get("study") or {}
     return OmegaConf.to_container(study, resolve=False)
+
+
+def ladders_of(name: str) -> list[str]:
+    """The ladder sweeps that test sweep `name`'s claim across sizes: those whose file's study says `ladder_of: NAME`
+    (a description key: read from the sweep files now, as a page's plots and notes are)."""
+    return _ladders().get(name, [])
+
+
+@functools.lru_cache(maxsize=1)
+def _ladders() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for path in sorted(SWEEPS.glob("*.yaml")):
+        if isinstance(of := sweep_study(path.stem).get("ladder_of"), str):
+            out.setdefault(of, []).append(path.stem)
+    return out
 
 
 def sweep_plots(name) -> list:

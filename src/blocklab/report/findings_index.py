@@ -2,18 +2,22 @@
 
 Each row: its exercise (or source), the question, an answer of at most ANSWER_LIMIT characters (the best setting
 on the question's metric and how many are not distinguishable from it: page_text.short_answer), "agrees" in
-exactly one of AGREES' four words, its seeds and its page. A sweep measured at several `study.scale`s (and so on
-several machines) is one row: "at 1x: ...; at 4x: ...", with each scale's verdict where they differ, and the
-agrees word of the largest scale measured (the longest training, the one a reader should trust first)."""
+exactly one of AGREES' four words, "holds at scale?" (for a claim with a ladder, its own or one whose sweep file
+says `ladder_of` it: the ladder page's transfer verdict said of the claim, report/ladder_page.holds, at most
+ANSWER_LIMIT characters, linked to the page's section; "–" elsewhere), its seeds and its page. A sweep measured at
+several `study.scale`s (and so on several machines) is one row: "at 1x: ...; at 4x: ...", with each scale's verdict
+where they differ, and the agrees word of the largest scale measured (the longest training, the one a reader should
+trust first)."""
 import re
 from collections import Counter
 from pathlib import Path
 
 from blocklab import folder
-from blocklab.report.findings_data import read_jsonl
+from blocklab.report import ladder_page
+from blocklab.report.findings_data import ladders_of, read_jsonl
 from blocklab.report.judge import AGREES, groups_of, judge
 from blocklab.report.markdown import ENV
-from blocklab.report.page_text import short_answer, study_line, sweep_study, SWEEPS
+from blocklab.report.page_text import GUIDE, short_answer, study_line, sweep_study, SWEEPS
 
 ANSWER_LIMIT = 140
 EXERCISES = [f"1.{i}" for i in range(1, 15)]
@@ -50,6 +54,19 @@ def fold(parts: list[dict], limit: int = ANSWER_LIMIT) -> str:
     return "; ".join(h + t for h, t in zip(heads, texts))[:limit]
 
 
+def holds(stem: str, measured: dict[str, list[dict]]) -> list[dict]:
+    """The "holds at scale?" cell of sweep `stem`: per ladder that tests its claim (itself, if it is one), the
+    transfer verdict said of the claim (not measured yet: said so; too few rungs: "no fit yet")."""
+    own = [p for p in measured.get(stem, []) if p["scale"] == 1 and isinstance(p["meta"]["study"].get("ladder"), dict)]
+    cells = []
+    for name in ([stem] if own else []) + ladders_of(stem):
+        part = next((p for p in measured.get(name, []) if p["scale"] == 1), None)
+        said = "not measured yet" if part is None else ladder_page.holds(part["meta"], part["jobs"]) or "no fit yet"
+        cells.append({"stem": name, "anchor": ladder_page.ANCHOR,
+                      "said": said if len(said) <= ANSWER_LIMIT else said[:ANSWER_LIMIT - 1].rstrip() + "…"})
+    return cells
+
+
 def index_rows(out: Path) -> list[dict]:
     """One row per sweep: its sweep file's, or a measured page's; pages of other scales fold into their sweep's."""
     measured: dict[str, list[dict]] = {}
@@ -73,6 +90,7 @@ def index_rows(out: Path) -> list[dict]:
         else:
             study, answer, agrees, seeds = study_line(sweep_study(stem)), "Not measured yet.", AGREES["none"], "–"
         rows.append({"name": stem, **study, "answer": answer, "agrees": agrees, "seeds": seeds,
+                     "holds": holds(stem, measured),
                      "others": [(_scale_label(p["scale"]), p["meta"]["sweep"]) for p in parts if p["scale"] != 1]})
     return sorted(rows, key=_exercise_key)
 
@@ -82,7 +100,7 @@ def render_index(out: Path) -> str:
     named = {x for r in rows for x in r["exercises"]}
     return ENV.get_template("findings_index.md.j2").render(
         rows=rows, missing=[x for x in EXERCISES if x not in named and x != PROOF], proof=PROOF, proof_test=PROOF_TEST,
-        limit=ANSWER_LIMIT)
+        limit=ANSWER_LIMIT, guide=GUIDE)
 
 
 def write_index(out: Path) -> Path:

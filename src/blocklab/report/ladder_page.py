@@ -4,17 +4,32 @@ loss-against-parameters figure (log-log, a fitted line per setting, the rungs' s
 
 Rows are the report's (collect.py): one per run, with its config flattened (`study.rung`), its `params` and
 `final_val_loss`. N is a rung's parameter count as results.json records it (embeddings included), averaged over
-the setting's seeds at that rung (seeds do not change it). The statistics are report/scaling.py's."""
+the setting's seeds at that rung (seeds do not change it). The statistics are report/scaling.py's.
+
+A findings page (page_text.py) draws the section from its jsonl (`rows_of` its job lines; the header's study block
+keeps `ladder`), its figure beside it as <sweep>.ladder.png, and states the parametrization each run recorded (a run
+from before the param group records none: sp). The index's "holds at scale?" cell is `holds`: the transfer verdict
+said of the claim ("yes: ..." where the claim's side is ahead at the largest rung, "no: X ahead, ..." where not)."""
+import functools
 import io
+from collections import Counter
+
+from markupsafe import Markup
 
 from blocklab.report import scaling
+from blocklab.report.markdown import md
 from blocklab.report.scaling import Rung
 
 METRIC = "final_val_loss"
+TITLE = "Does it hold at scale?"
+ANCHOR = "does-it-hold-at-scale"  # the heading's anchor as GitHub and most renderers make it
+DEFAULT_PARAM = "sp"  # a run that records no `param` ran before the group existed: the standard parametrization
 
 
 def _setting(row: dict, keys: list[str]) -> str:
-    return ",".join(str(row.get(k)) for k in keys)
+    """A setting's name: its values, a number with its key (n_heads=4, not 4)."""
+    return ",".join(v if not v.replace(".", "").lstrip("-").isdigit() else f"{k.rsplit('.', 1)[-1]}={v}"
+                    for k in keys for v in [str(row.get(k))])
 
 
 def setting_keys(study: dict) -> list[str]:
@@ -50,47 +65,137 @@ def _fmt(interval: scaling.Interval, digits: int = 3) -> str:
     return f"{interval.value:.{digits}f}{span}"
 
 
-def ladder_section(rows: list[dict], study: dict, figure: str | None = None, resamples: int = scaling.RESAMPLES
-                   ) -> tuple[str, bytes | None]:
-    """The section's markdown and, given the figure's file name (which the markdown links), its PNG bytes for the
-    caller to write beside the page (through blocklab.folder)."""
-    settings = ladder_rungs(rows, study)
-    title = "## Does it hold at scale?"
-    if len(next(iter(settings.values()), [])) < scaling.MIN_RUNGS:
-        return f"{title}\n\nFewer than {scaling.MIN_RUNGS} rungs have every setting finished: no fit yet.\n", None
+def claim_sides(rows: list[dict], study: dict) -> tuple[str | None, str | None]:
+    """The settings the study's first claim names: (better, than), each None where no row matches its spec."""
+    verdict, keys = study.get("verdict") or {}, setting_keys(study)
+    return tuple(next((_setting(r, keys) for r in rows if _matches(r, spec)), None)
+                 if isinstance(spec := verdict.get(side), dict) and spec else None for side in ("better", "than"))
+
+
+@functools.lru_cache(maxsize=8)
+def _analysis(frozen: tuple, better: str | None, than: str | None, resamples: int):
+    """The fits, the claim's comparison (None without both sides) and the decision accuracy of one ladder: computed
+    once per ladder and bootstrap size (a page, its figure and the index all read them)."""
+    settings = {name: [Rung(n, dict(losses)) for n, losses in rungs] for name, rungs in frozen}
     fitted = scaling.fits(settings, resamples)
-    lines = [title, "", f"L(N) = E + A N^-alpha per setting, fitted to the mean {METRIC} of each rung (variable "
-             f"projection); intervals: {scaling.CONFIDENCE:.0%} bootstrap over seeds resampled within rungs "
-             f"({resamples} times).", "", "| setting | E | alpha | A | rungs |", "|---|---|---|---|---|"]
+    comparison = (scaling.compare(settings, better, than, fitted=fitted)
+                  if better in settings and than in settings else None)
+    return settings, fitted, comparison, scaling.decision_accuracy(settings, resamples)
+
+
+def analysis(rows: list[dict], study: dict, resamples: int = scaling.RESAMPLES):
+    """(settings, fits, the claim's Comparison or None, decision accuracy), or None below MIN_RUNGS complete rungs."""
+    settings = ladder_rungs(rows, study)
+    if len(next(iter(settings.values()), [])) < scaling.MIN_RUNGS:
+        return None
+    frozen = tuple((name, tuple((r.n, tuple(sorted(r.losses.items()))) for r in rungs))
+                   for name, rungs in settings.items())
+    return _analysis(frozen, *claim_sides(rows, study), resamples)
+
+
+def for_the_claim(comparison: scaling.Comparison, better: str) -> str:
+    """The transfer verdict said of the claim (`better` beats the other): "yes: ..." where the claim's side is ahead
+    at the largest rung, "no: X ahead, ..." where the other is, else the verdict (undetermined)."""
+    if comparison.ahead is None:
+        return comparison.verdict
+    return f"yes: {comparison.verdict}" if comparison.ahead == better else \
+        f"no: {comparison.ahead} ahead, {comparison.verdict}"
+
+
+def parametrization(rows: list[dict]) -> str:
+    """Which parametrization the runs trained under, from what each recorded (`param`; none recorded: sp), as
+    Markdown (the recorded names escaped)."""
+    done = [r for r in rows if r.get("status") == "completed"]
+    counts = Counter(str(r.get("param") or DEFAULT_PARAM) for r in done)
+    unrecorded = sum(1 for r in done if not r.get("param"))
+    said = ", ".join(f"param={md(name)} ({n} of {len(done)} runs)" for name, n in sorted(counts.items()))
+    note = (f" ({unrecorded} of them record no `param`: they trained before the param group existed, under the "
+            "standard parametrization)" if unrecorded else "")
+    if set(counts) == {"mup"}:
+        return f"Parametrization: {said}: one learning rate serves every width (µP)."
+    return (f"Parametrization: {said}{note}. Not µP: the learning rate, initialization and logit scale do not follow "
+            "the width, so a rung's loss also measures how well the one learning rate suits that width; a ladder "
+            "under param=mup would separate the two.")
+
+
+def ladder_section(rows: list[dict], study: dict, figure: str | None = None, resamples: int = scaling.RESAMPLES,
+                   guide: str | None = None, png: bool = True) -> tuple[Markup, bytes | None]:
+    """The section's markdown (untrusted names escaped) and, given the figure's file name (which the markdown
+    links), its PNG bytes for the caller to write beside the page (through blocklab.folder; png=False: the text
+    alone). `guide`: the page that explains how to read the section, linked under its title."""
+    found = analysis(rows, study, resamples)
+    lines = [f"### {TITLE}", ""]
+    if guide:
+        lines += [f"How to read this section: [reading a transfer verdict]({guide}).", ""]
+    lines += [parametrization(rows), ""]
+    if found is None:
+        return Markup("\n".join(lines + [f"Fewer than {scaling.MIN_RUNGS} rungs have every setting finished: no fit "
+                                          "yet."]) + "\n"), None
+    settings, fitted, comparison, accuracy = found
+    lines += [f"L(N) = E + A N^-alpha per setting, fitted to the mean {METRIC} of each rung (variable "
+              f"projection); intervals: {scaling.CONFIDENCE:.0%} bootstrap over seeds resampled within rungs "
+              f"({resamples} times).", "", "| setting | E | alpha | A | rungs |", "|---|---|---|---|---|"]
     for name, (point, boot) in fitted.items():
         p = scaling.parameter_intervals(point, boot)
         bound = " (at a bound: E = 0 or alpha at its grid's end)" if point.at_bound else ""
-        lines.append(f"| {name} | {_fmt(p['e'])} | {_fmt(p['alpha'])}{bound} | {point.a:.3g} | "
+        lines.append(f"| {md(name)} | {_fmt(p['e'])} | {_fmt(p['alpha'])}{bound} | {point.a:.3g} | "
                      f"{len(settings[name])} |")
-    verdict = study.get("verdict") or {}
-    keys = setting_keys(study)
-    better, than = (next((_setting(r, keys) for r in rows if _matches(r, verdict.get(side, {}))), None)
-                    for side in ("better", "than"))
-    comparison = None
-    if better in settings and than in settings:
-        comparison = scaling.compare(settings, better, than, fitted=fitted)
-        lines += ["", f"Claim: {verdict.get('claim', f'{better} beats {than}')}. Gap L({better}) - L({than}) "
-                  "(negative: the claim holds), fitted:", "", "| N | gap |", "|---|---|"]
+    if comparison is not None:
+        better, than = comparison.a, comparison.b
+        claim = (study.get("verdict") or {}).get("claim") or f"{better} beats {than}"
+        lines += ["", f"Claim: {md(claim)}. Gap L({md(better)}) - L({md(than)}) (negative: the claim holds), "
+                  "fitted:", "", "| N | gap |", "|---|---|"]
         for n, gap in comparison.gaps.items():
             measured = "" if n <= comparison.measured[-1] * 1.0001 else " (extrapolated)"
             lines.append(f"| {n:,.0f}{measured} | {_fmt(gap, 4)} |")
         ahead = comparison.ahead
-        who = f" ({ahead} ahead at the largest rung)" if ahead else ""
-        lines += ["", f"**Transfer verdict: {comparison.verdict}**{who}."]
-    accuracy = scaling.decision_accuracy(settings, resamples)
+        who = f" ({md(ahead)} ahead at the largest rung)" if ahead else ""
+        lines += ["", f"**Transfer verdict: {comparison.verdict}**{who}. Said of the claim "
+                  f"(the findings index's \"holds at scale?\"): {md(for_the_claim(comparison, better))}."]
     if accuracy.value is not None:
         lines += ["", f"Decision accuracy, smallest against largest rung (the share of setting pairs in the same "
                   f"order at both; DataDecide, Magnusson et al. 2025): {_fmt(accuracy, 2)}."]
-    png = None
+    drawn = None
     if figure is not None:
-        png = draw(settings, fitted)
-        lines += ["", f"![loss against parameters]({figure})"]
-    return "\n".join(lines) + "\n", png
+        drawn = draw(settings, fitted) if png else None
+        lines += ["", f"![loss against parameters]({figure})", "",
+                  f"*Loss against parameters, log-log: each rung's mean over seeds with the seeds' range, and each "
+                  f"setting's fitted L(N), dashed beyond the largest rung to {scaling.EXTRAPOLATE[-1]}x it.*"]
+    return Markup("\n".join(lines) + "\n"), drawn
+
+
+# ---------------------------------------------------------------- from a findings page's jsonl
+def rows_of(jobs: list[dict]) -> list[dict]:
+    """A findings file's job lines as the rows ladder_rungs reads (setting keys, seed, params, loss, param)."""
+    return [{**(j.get("setting") or {}), "seed": j.get("seed"), "status": j.get("status"), "params": j.get("params"),
+             METRIC: j.get(METRIC), "param": (j.get("choices") or {}).get("param")} for j in jobs]
+
+
+def figure_name(stem: str) -> str:
+    return f"{stem}.ladder.png"
+
+
+def page_section(meta: dict, jobs: list[dict], guide: str | None = None) -> Markup | None:
+    """A findings page's ladder section, its figure linked as figure_name (None: its study declares no ladder)."""
+    if not isinstance(meta["study"].get("ladder"), dict):
+        return None
+    return ladder_section(rows_of(jobs), meta["study"], figure_name(meta["sweep"]), guide=guide, png=False)[0]
+
+
+def page_png(meta: dict, jobs: list[dict]) -> bytes | None:
+    """The section's figure (None: no ladder, or too few rungs to fit)."""
+    if not isinstance(meta["study"].get("ladder"), dict):
+        return None
+    return ladder_section(rows_of(jobs), meta["study"], figure_name(meta["sweep"]))[1]
+
+
+def holds(meta: dict, jobs: list[dict]) -> str | None:
+    """The index's "holds at scale?" cell: the transfer verdict said of the claim, or None (no ladder, too few
+    rungs, or a claim whose settings the ladder lacks)."""
+    if not isinstance(meta["study"].get("ladder"), dict):
+        return None
+    found = analysis(rows_of(jobs), meta["study"])
+    return None if found is None or found[2] is None else for_the_claim(found[2], found[2].a)
 
 
 def draw(settings: dict[str, list[Rung]], fitted: dict) -> bytes:

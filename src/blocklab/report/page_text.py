@@ -10,11 +10,12 @@ import glob
 from dataclasses import dataclass
 from pathlib import Path
 
-from blocklab import study_folder
+from blocklab import folder, study_folder
 from blocklab.report import stats
 from blocklab.report.build import _direction
 from blocklab.report.common import name as setting_name, order
-from blocklab.report.findings_data import SWEEPS, read_jsonl, sweep_plots, sweep_study
+from blocklab.report import ladder_page
+from blocklab.report.findings_data import SWEEPS, ladders_of, read_jsonl, sweep_plots, sweep_study
 from blocklab.report.claims import claims_line
 from blocklab.report.judge import KEPT, OUTCOMES, groups_of, judge, judge_page, keys_of, metric_of, rule
 from blocklab.report.learned import learned
@@ -22,6 +23,7 @@ from blocklab.report.markdown import ENV
 from blocklab.report.page_tables import _against_baseline, _table, _tuned_table, at_best, tuned, verdict_metric
 from blocklab.report.recall import FRACTION
 
+GUIDE = "transfer_verdicts.md"  # the page that explains a ladder section (report/verdict_guide.py writes it)
 SPLIT = "task"  # a compare key whose settings are never compared with each other
 NAMED = 6  # settings named in the answer before "and N more"
 
@@ -213,9 +215,25 @@ def other_scales(data: Path, meta: dict) -> list[dict]:
     return sorted(rows, key=lambda r: r["scale"])
 
 
+def ladder_links(data: Path, meta: dict) -> list[dict]:
+    """For a 1x page (`data`), the ladders that test its claim across sizes (findings_data.ladders_of), each with
+    the transfer verdict said of the claim as its own page (`<ladder>.jsonl` beside it) gives it."""
+    if meta.get("scale") != 1 or not isinstance(name := meta["study"].get("name"), str):
+        return []
+    links = []
+    for stem in ladders_of(name):
+        said = "not measured yet"
+        if folder.exists(data.parent, f"{stem}.jsonl"):
+            said = ladder_page.holds(*read_jsonl(data.parent / f"{stem}.jsonl")) or "no fit yet"
+        links.append({"stem": stem, "holds": said, "anchor": ladder_page.ANCHOR})
+    return links
+
+
 # ---------------------------------------------------------------- the page
-def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[dict] = ()) -> str:
-    """A measured page, from its jsonl (and, for a 1x page, the verdicts of its other scales' jsonl)."""
+def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[dict] = (),
+                ladders: list[dict] = ()) -> str:
+    """A measured page, from its jsonl (and, for a 1x page, the verdicts of its other scales' jsonl and of the
+    ladders that test its claim; a ladder's own page draws its section: report/ladder_page.py)."""
     groups = groups_of(meta, jobs)
     verdicts = judge_page(meta, jobs)
     best = tuned(meta, groups)
@@ -235,7 +253,8 @@ def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[
         diverged=diverged, settings=len(groups),
         time=f"{meta['train_time_s']:,.0f} s" + (f" ({hours:.1f} h)" if hours >= 1 else ""),
         seeds=", ".join(str(s) for s in meta["seeds"]), left_out=meta.get("left_out") or [],
-        not_run=meta.get("not_run") or [], scales=list(scales), rule=rule(meta), claims_edited=claims_line(meta, jobs))
+        not_run=meta.get("not_run") or [], scales=list(scales), rule=rule(meta), claims_edited=claims_line(meta, jobs),
+        ladder=ladder_page.page_section(meta, jobs, guide=GUIDE), ladders=list(ladders))
 
 
 def render_unmeasured(name: str) -> str:
@@ -258,4 +277,4 @@ def figure_files(data: Path, meta: dict, jobs: list[dict]) -> list[tuple[str, st
 def page_text(data: Path) -> str:
     """A measured page as its data renders it now, with its figures beside it."""
     meta, jobs = read_jsonl(data)
-    return render_page(meta, jobs, figure_files(data, meta, jobs), other_scales(data, meta))
+    return render_page(meta, jobs, figure_files(data, meta, jobs), other_scales(data, meta), ladder_links(data, meta))
