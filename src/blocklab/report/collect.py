@@ -25,7 +25,8 @@ HIGHER_IS_BETTER = {"exact_match", "exact_match_given_length", "read_attention",
                     "decode_tokens_per_s", "next_sentence_acc", "next_sentence_acc_in"}
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
                    "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token", "state_bytes", "early_loss",
-                   "flops_per_token"}
+                   "flops_per_token",
+                   "first_token_share"}  # the attention sink: what gated attention claims to shrink (Qiu et al. 2025)
 # The metric columns a run's row carries (what study.metrics may name, besides a results.json field by dotted path).
 METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in", "exact_match_out", "loss_out",
            "token_acc_in", "next_sentence_acc_in",
