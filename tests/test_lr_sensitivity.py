@@ -107,6 +107,18 @@ def test_the_logit_curve_is_recorded_at_init_and_each_validation(run_dir):
     assert all(p["probe_loss"] > 0 and p["mean_log_z"] is not None for p in curve)
 
 
+def test_a_resume_keeps_the_curve_and_an_old_checkpoint_has_none(tmp_path):
+    from blocklab.train.diagnostics import Diagnostics
+
+    diag = Diagnostics({}, tmp_path / "diagnostics", 10, 1e-3, "none")
+    diag.logit_curve = [{"step": 0, "max_output_logit": 1.0}]
+    resumed = Diagnostics({}, tmp_path / "diagnostics", 10, 1e-3, "none")
+    resumed.load_state_dict(diag.state_dict())
+    assert resumed.logit_curve == diag.logit_curve
+    resumed.load_state_dict({"history": []})  # saved before the curve existed
+    assert resumed.logit_curve == [] and "logit_curve" not in resumed.summary()
+
+
 # ---------------------------------------------------------------- LR sensitivity, by the paper's definition
 def run_row(setting, lr, seed, loss, status="completed", init=5.0):
     return {"run": f"/nonexistent/{setting}-{lr}-{seed}", "study": "s", "status": status, "modification": setting,

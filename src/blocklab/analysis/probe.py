@@ -99,7 +99,7 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             # the attention sink: the share of each head's attention on the first token (an explicit softmax, above)
             "first_token_share": metrics.first_token_share(w, valid).tolist(),
             # attention-logit growth: the largest pre-softmax score (None: the kind has no softmax scores)
-            "max_attention_logit": None if scores[i] is None else metrics.max_score(scores[i], w, valid),
+            "max_attention_logit": None if scores[i] is None else _finite(metrics.max_score(scores[i], w, valid)),
             **_answer_rows(w, answer),
             "head_similarity": similarity.tolist(),
             "head_similarity_mean": metrics.mean_off_diagonal(similarity),
@@ -110,7 +110,7 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
         })
     stats = {"n_keys": weights[0].shape[-1], "embedding_relative_residual": metrics.relative_residual(embedded, valid),
              "embedding_rms": metrics.rms(embedded[valid]), "layers": layers,
-             **output_measures(logits.cpu(), batch)}
+             **{k: _finite(v) for k, v in output_measures(logits.cpu(), batch).items()}}
     if keep_weights:
         stats["weights"] = [w[0].float() for w in weights]  # first example, for the heatmaps
     return stats
@@ -216,10 +216,15 @@ def summarize(stats: dict) -> dict:
         if layer["head_similarity_mean"] is not None:
             flat[f"diag/head_similarity/layer{i}"] = layer["head_similarity_mean"]
         flat[f"diag/attention_entropy/layer{i}"] = sum(layer["attention_entropy"]) / len(layer["attention_entropy"])
+        if layer.get("max_attention_logit") is not None:
+            flat[f"diag/max_attention_logit/layer{i}"] = layer["max_attention_logit"]
         if "first_token_share" in layer:
             flat[f"diag/first_token_share/layer{i}"] = sum(layer["first_token_share"]) / len(layer["first_token_share"])
         if layer["ffn_sparsity"] is not None:
             flat[f"diag/ffn_sparsity/layer{i}"] = layer["ffn_sparsity"]
+    for key in ("max_output_logit", "mean_log_z"):
+        if stats.get(key) is not None:
+            flat[f"diag/{key}"] = stats[key]
     for grad in stats.get("gradients", []):
         for part in ("attn", "ffn"):
             if grad[part] is not None:
