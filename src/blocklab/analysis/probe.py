@@ -118,7 +118,7 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
 
 def output_measures(logits: Tensor, batch: dict) -> dict:
     """The output logits' maximum and mean log Z (metrics.output_logit_stats) and the probe batch's loss, over the
-    positions the loss reads (the probe's loss at init is the L0 of a learning-rate sensitivity: report/lr_sensitivity.py)."""
+    positions the loss reads (the loss at init is a learning-rate sensitivity's l_0: report/lr_sensitivity.py)."""
     target = batch.get("target")
     if target is None or target.shape != logits.shape[:2]:  # a model scored elsewhere than every position
         return metrics.output_logit_stats(logits, batch["valid"])

@@ -6,7 +6,8 @@ jsonl: figures_data.page_rows). Each plot is one figure; every line in it has it
 Kinds: the generic ones (figures_kinds.py: bar, by_choice, by_layer, length_curve, by_length, by_position,
 tradeoff), cost against length (figures_cost.py, exercise 1.1), the registry's activations (activation_curves.py,
 1.9), attention maps (attention_maps.py, 1.2), per head (per_head.py), spectral bounds (spectral.py), and the recall
-sweep's two (recall.py), and learning-rate sensitivity's two (figures_lr.py). `figure` returns the matplotlib Figure itself (what the tests inspect); `drawn` its PNG."""
+sweep's two (recall.py), and learning-rate sensitivity's two (figures_lr.py). `figure` returns the matplotlib Figure
+itself (what the tests inspect); `drawn` its PNG."""
 import io
 from pathlib import Path
 
