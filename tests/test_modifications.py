@@ -48,13 +48,14 @@ def test_a_change_that_computes_the_baselines_function_is_left_out(plan):
 
 def test_a_registry_entry_or_an_ablation_declared_later_joins_the_sweep(monkeypatch, plan):
     monkeypatch.setitem(ACTIVATIONS.entries, "fake_act", ACTIVATIONS.entries["gelu"])
-    monkeypatch.setitem(modifications.ABLATIONS, "attn.qk_norm", (True,))  # one plan() for both: it is slow
+    monkeypatch.setitem(modifications.ABLATIONS, "attn.short_conv", (4,))  # one plan() for both: it is slow
     grown = modifications.plan()
-    assert set(grown.jobs) - set(plan.jobs) == {"act_name-fake_act", "attn_qk_norm-true"}
+    assert set(grown.jobs) - set(plan.jobs) == {"act_name-fake_act", "attn_short_conv-4"}
 
 
 def test_options_declared_as_ablations_join_the_sweep(plan):
-    assert {"attn_output_gate-headwise", "attn_output_gate-elementwise", "model_value_residual-true"} <= set(plan.jobs)
+    assert {"attn_output_gate-headwise", "attn_output_gate-elementwise", "model_value_residual-true",
+            "attn_qk_norm-true"} <= set(plan.jobs)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         gated = compose("config", ["sweep=modifications", "modification=attn_output_gate-headwise", "run_dir=x"])
     assert gated.attn.output_gate == "headwise" and gated.attn.kind == "softmax" and gated.norm.type == "rmsnorm"

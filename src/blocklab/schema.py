@@ -314,7 +314,7 @@ ABLATIONS: dict[str, tuple] = {
     "model.logit_softcap": (30.0,),  # Gemma 2's final_logit_softcap
     "attn.softcap": (50.0,),  # Gemma 2's attn_logits_soft_cap
     "pos.rotary_fraction": (0.25,),  # p-RoPE at Barbero et al.'s p = 0.25 (Gemma 2B)
-    "optim.z_loss": (1e-4,),  # PaLM's weight
+    "optim.z_loss": (1e-4,), "attn.qk_norm": (True,),  # PaLM's weight; qk-norm (Dehghani et al. 2023)
 }
 
 

@@ -56,6 +56,26 @@ def first_token_share(weights: Tensor, valid: Tensor | None = None) -> Tensor:
     return _row_mean(weights[..., 0], rows)
 
 
+def max_score(scores: Tensor, weights: Tensor, valid: Tensor | None = None) -> float:
+    """The largest pre-softmax attention score a real query gives a key it may attend to: the attention-logit growth
+    of Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities", sec. 3.1.1,
+    after Dehghani et al. 2023), max over heads and (query, key) pairs. scores (B, H, Tq, Tk) as the softmax reads
+    them (after any soft-cap, before the mask); weights their softmax under the mask: a masked key has weight 0, an
+    allowed one that underflows to 0 cannot hold its row's maximum. valid (B, Tq): the real queries."""
+    allowed = weights > 0
+    if valid is not None:
+        allowed = allowed & valid[:, None, :, None]
+    return float(scores.double().masked_fill(~allowed, float("-inf")).max())
+
+
+def output_logit_stats(logits: Tensor, valid: Tensor | None = None) -> dict[str, float]:
+    """The output logits at the real positions (logits (B, T, V)): their maximum, and the mean of log Z, the softmax's
+    log-normalizer logsumexp_v z_v, that z-loss keeps near 0 (Wortsman et al. 2023, sec. 3.1.2: output logit
+    divergence; PaLM, Chowdhery et al. 2022, sec. 5)."""
+    z = logits.double() if valid is None else logits.double()[valid]
+    return {"max_output_logit": float(z.max()), "mean_log_z": float(z.logsumexp(-1).mean())}
+
+
 def attention_on(weights: Tensor, reads: Tensor) -> Tensor:
     """Each head's attention on the keys its queries must read, summed over those keys and averaged over the
     queries that must read any: (H,). weights (B, H, Tq, Tk); reads (B, Tq, Tk) bool: query q must read key k."""

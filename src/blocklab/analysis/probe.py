@@ -62,8 +62,10 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
         lambda m, a, out, i=i, gated=b.ffn.gated: pre.__setitem__(i, (out.chunk(2, dim=-1)[0] if gated else out).cpu()))
         for i, b in enumerate(blocks) if hasattr(b.ffn, "in_proj") and hasattr(b.ffn, "act")]
     on_model = on_device(batch, device_of(model))
+    for block in blocks:
+        block.attn.last_scores = None  # a kind without scores leaves None, never an earlier forward's
     try:
-        _, weights = model(on_model["input"], need_weights=True, **model_inputs(on_model))
+        logits, weights = model(on_model["input"], need_weights=True, **model_inputs(on_model))
         positions = torch.arange(batch["input"].shape[1], device=device_of(model))[None]
         embedded = model.pos.embed(model.embed_tokens(on_model["input"]), positions).cpu()
     finally:
@@ -71,6 +73,7 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             hook.remove()
         model.train(was_training)
     weights = [w.cpu() for w in weights]
+    scores = [None if b.attn.last_scores is None else b.attn.last_scores.cpu() for b in blocks]
     batch = on_device(batch, torch.device("cpu"))
     valid = batch["valid"]
     # The queries the loss reads (the answer's): where a task's attention pattern shows, undiluted by the prompt's rows.
@@ -95,6 +98,8 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             "attention_distance": metrics.attention_distance(w).tolist(),
             # the attention sink: the share of each head's attention on the first token (an explicit softmax, above)
             "first_token_share": metrics.first_token_share(w, valid).tolist(),
+            # attention-logit growth: the largest pre-softmax score (None: the kind has no softmax scores)
+            "max_attention_logit": None if scores[i] is None else _finite(metrics.max_score(scores[i], w, valid)),
             **_answer_rows(w, answer),
             "head_similarity": similarity.tolist(),
             "head_similarity_mean": metrics.mean_off_diagonal(similarity),
@@ -104,10 +109,50 @@ def forward_stats(model, batch: dict, sparsity_eps: float = 1e-3, keep_weights: 
             **_ffn_off(pre.get(i), valid, block),
         })
     stats = {"n_keys": weights[0].shape[-1], "embedding_relative_residual": metrics.relative_residual(embedded, valid),
-             "embedding_rms": metrics.rms(embedded[valid]), "layers": layers}
+             "embedding_rms": metrics.rms(embedded[valid]), "layers": layers,
+             **{k: _finite(v) for k, v in output_measures(logits.cpu(), batch).items()}}
     if keep_weights:
         stats["weights"] = [w[0].float() for w in weights]  # first example, for the heatmaps
     return stats
+
+
+def output_measures(logits: Tensor, batch: dict) -> dict:
+    """The output logits' maximum and mean log Z (metrics.output_logit_stats) and the probe batch's loss, over the
+    positions the loss reads (the loss at init is a learning-rate sensitivity's l_0: report/lr_sensitivity.py)."""
+    target = batch.get("target")
+    if target is None or target.shape != logits.shape[:2]:  # a model scored elsewhere than every position
+        return metrics.output_logit_stats(logits, batch["valid"])
+    scored = target != IGNORE
+    loss = F.cross_entropy(logits.double()[scored], target[scored]) if scored.any() else None
+    return {**metrics.output_logit_stats(logits, scored), "probe_loss": None if loss is None else float(loss)}
+
+
+@torch.no_grad()
+def logit_growth(model, batch: dict) -> dict:
+    """The two instabilities Wortsman et al. 2023 name, measured on the probe batch with an explicit softmax (one
+    forward in eval mode, no gradient): each layer's maximum attention logit, the maximum output logit, mean log Z
+    and the probe loss. Recorded at every validation (train/diagnostics.py), so a page plots them against step."""
+    was_training = model.training
+    model.eval()
+    blocks = list(model.blocks)
+    for block in blocks:
+        block.attn.last_scores = None
+    on_model = on_device(batch, device_of(model))
+    try:
+        logits, weights = model(on_model["input"], need_weights=True, **model_inputs(on_model))
+    finally:
+        model.train(was_training)
+    batch = on_device(batch, torch.device("cpu"))
+    valid = batch["valid"]
+    point = {"max_attention_logit": [None if b.attn.last_scores is None else
+                                     _finite(metrics.max_score(b.attn.last_scores.cpu(), w.cpu(), valid))
+                                     for b, w in zip(blocks, weights)]}
+    return {**point, **{k: _finite(v) for k, v in output_measures(logits.cpu(), batch).items()}}
+
+
+def _finite(x: float | None) -> float | None:
+    """A number results.json can hold (JSON has no inf or NaN): None where the model overflowed."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def _ffn_off(pre, valid, block) -> dict:
@@ -171,10 +216,15 @@ def summarize(stats: dict) -> dict:
         if layer["head_similarity_mean"] is not None:
             flat[f"diag/head_similarity/layer{i}"] = layer["head_similarity_mean"]
         flat[f"diag/attention_entropy/layer{i}"] = sum(layer["attention_entropy"]) / len(layer["attention_entropy"])
+        if layer.get("max_attention_logit") is not None:
+            flat[f"diag/max_attention_logit/layer{i}"] = layer["max_attention_logit"]
         if "first_token_share" in layer:
             flat[f"diag/first_token_share/layer{i}"] = sum(layer["first_token_share"]) / len(layer["first_token_share"])
         if layer["ffn_sparsity"] is not None:
             flat[f"diag/ffn_sparsity/layer{i}"] = layer["ffn_sparsity"]
+    for key in ("max_output_logit", "mean_log_z"):
+        if stats.get(key) is not None:
+            flat[f"diag/{key}"] = stats[key]
     for grad in stats.get("gradients", []):
         for part in ("attn", "ffn"):
             if grad[part] is not None:

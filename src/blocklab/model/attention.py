@@ -100,6 +100,9 @@ class Attention(nn.Module):
         self.output_gate: OutputGate | None = None  # attn.output_gate, set by build_attention
         self.value_residual: ValueResidual | None = None  # model.value_residual, set by build_attention
         self.last_weights: Tensor | None = None
+        # With need_weights, a kind with softmax scores also keeps them, (B, H, Tq, Tk) after any soft-cap and
+        # before the mask: the diagnostics' maximum attention logit (analysis/probe.py)
+        self.last_scores: Tensor | None = None
 
     @property
     def qk_dim(self) -> int:
@@ -249,9 +252,9 @@ class SoftmaxAttention(Attention):
         """softmax(scale q k^T + mask) v per head: (B, H, Tq, d_head)."""
         dropout = self.dropout if self.training else 0.0
         if ctx.need_weights or self.softcap:
-            y, weights = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
+            y, weights, scores = self.explicit(q, k, v, ctx.mask, ctx.is_causal, dropout)
             if ctx.need_weights:
-                self.last_weights = weights
+                self.last_weights, self.last_scores = weights, scores
             return y
         if ctx.blocked is not None:  # a sparse pattern that skips what it masks out
             return ctx.blocked.attend(q, k, v, ctx.is_causal, self.scale, dropout)
@@ -267,20 +270,22 @@ class SoftmaxAttention(Attention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=ctx.is_causal, dropout_p=dropout,
                                               scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads)
 
-    def explicit(self, q, k, v, mask, is_causal, dropout) -> tuple[Tensor, Tensor]:
-        """softmax(q k^T * scale + mask) v, written out so the weights can be returned."""
+    def explicit(self, q, k, v, mask, is_causal, dropout) -> tuple[Tensor, Tensor, Tensor]:
+        """softmax(q k^T * scale + mask) v, written out so the weights (and the scores, soft-capped, before the
+        mask) can be returned."""
         repeat = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         scores = (q @ k.transpose(-2, -1)) * self.scale
         if self.softcap:
             scores = torch.tanh(scores / self.softcap) * self.softcap
+        capped = scores
         if is_causal:
             tq, tk = scores.shape[-2:]
             scores = scores.masked_fill(torch.ones(tq, tk, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
         if mask is not None:
             scores = scores + mask
         weights = scores.softmax(dim=-1)
-        return F.dropout(weights, dropout) @ v, weights
+        return F.dropout(weights, dropout) @ v, weights, capped
 
 
 def build_attention(cfg, layer: int = 0, cross: bool = False) -> Attention:

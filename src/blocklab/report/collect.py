@@ -15,6 +15,7 @@ from blocklab import folder
 from blocklab.errors import ConfigError
 from blocklab.folder import FolderError
 from blocklab.paths import CONF_DIR
+from blocklab.report import lr_sensitivity
 from blocklab.report.claims import claims_hash
 from blocklab.results import RESULTS_FILE, SAVED_CONFIG, flatten, swept_overrides
 
@@ -25,14 +26,14 @@ HIGHER_IS_BETTER = {"exact_match", "exact_match_given_length", "read_attention",
                     "decode_tokens_per_s", "next_sentence_acc", "next_sentence_acc_in"}
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
                    "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token", "state_bytes", "early_loss",
-                   "flops_per_token",
+                   "flops_per_token", "lr_sensitivity",
                    "first_token_share"}  # the attention sink: what gated attention claims to shrink (Qiu et al. 2025)
 # The metric columns a run's row carries (what study.metrics may name, besides a results.json field by dotted path).
 METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in", "exact_match_out", "loss_out",
            "token_acc_in", "next_sentence_acc_in",
            "params", "flops_per_token", "tokens_per_s", "ms_per_step", "diverged", "steps_to_target_loss",
            "kv_cache_bytes_per_token", "state_bytes", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
-           "first_token_share",
+           "first_token_share", "lr_sensitivity",
            "ffn_off", "ffn_dead", "relative_residual_last")
 EARLY = 0.25  # the early loss is read at this fraction of the planned training steps (Narang et al. 2021)
 
@@ -261,6 +262,8 @@ def _measured(results: dict, row: dict) -> dict:
         "eval": evals, "train_max_length": results["train_lengths"][1],
         "layers_init": _layers(results.get("diagnostics"), "init"),
         "layers_end": _layers(results.get("diagnostics"), "end"),
+        # max attention and output logit, mean log Z and probe loss at each validation (report/figures_lr.py)
+        "logit_curve": (results.get("diagnostics") or {}).get("logit_curve") or [],
     })
     row["head_similarity"] = _mean(row["layers_end"].get("head_similarity", []))
     row["first_token_share"] = _mean(row["layers_end"].get("first_token_share", []))  # the attention sink
@@ -306,7 +309,7 @@ def collect(root: Path) -> list[dict]:
             rows.append(running_row(run_dir))
         elif folder.exists(run_dir, RESULTS_FILE):  # a lock file alone: a killed run that wrote no results
             rows.append(load_run(run_dir))
-    return rows
+    return lr_sensitivity.annotate(rows)  # across runs: a setting's loss over its learning rates
 
 
 def study_specs(root: Path, rows: list[dict]) -> dict[str, dict]:

@@ -6,7 +6,8 @@ jsonl: figures_data.page_rows). Each plot is one figure; every line in it has it
 Kinds: the generic ones (figures_kinds.py: bar, by_choice, by_layer, length_curve, by_length, by_position,
 tradeoff), cost against length (figures_cost.py, exercise 1.1), the registry's activations (activation_curves.py,
 1.9), attention maps (attention_maps.py, 1.2), per head (per_head.py), spectral bounds (spectral.py), and the recall
-sweep's two (recall.py). `figure` returns the matplotlib Figure itself (what the tests inspect); `drawn` its PNG."""
+sweep's two (recall.py), and learning-rate sensitivity's two (figures_lr.py). `figure` returns the matplotlib Figure
+itself (what the tests inspect); `drawn` its PNG."""
 import io
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from blocklab.report.attention_maps import plot_attention_maps  # noqa: E402
 from blocklab.report.common import keys as _keys, plot_errors  # noqa: E402
 from blocklab.report.figures_cost import CONTEXT, bench_context, plot_cost_scaling  # noqa: E402
 from blocklab.report.figures_data import page_rows  # noqa: E402
+from blocklab.report.figures_lr import plot_lr_curve, plot_over_step  # noqa: E402
 from blocklab.report.figures_kinds import STYLES  # noqa: E402
 from blocklab.report.per_head import plot_per_head  # noqa: E402
 from blocklab.report.spectral import plot_spectral_bounds  # noqa: E402
@@ -45,6 +47,8 @@ PLOTS.register("per_head")(plot_per_head)  # every head's entropy or distance
 PLOTS.register("activation_functions")(plot_activation_functions)  # the registry's activations and derivatives
 PLOTS.register("recall_memory")(recall.plot_recall_memory)  # best over lrs against the decoding state
 PLOTS.register("lr_range")(recall.plot_lr_range)  # score per lr, best and working range per setting
+PLOTS.register("lr_curve")(plot_lr_curve)  # loss per lr capped at init, LR sensitivity per setting (Wortsman et al.)
+PLOTS.register("over_step")(plot_over_step)  # a logit-growth measure against step (diagnostics.logit_curve)
 
 # Labels come from the folder (setting names, metrics): drawn as they are, never parsed as mathtext, where a stray
 # `$` would fail the figure.

@@ -23,6 +23,9 @@ ATTENTION = ("attention_entropy", "attention_distance", "attention_entropy_answe
 # Eval columns a job line keeps in every format (findings_data.EVAL_FIELDS); a length plot of another column keeps it.
 EVAL_KEPT = ("length", "in_distribution", "exact_match", "token_acc", "loss")
 ROUND = 4  # digits kept of a per-layer value: a figure's resolution, and a line of a few KB
+# Columns a kind reads beside its metric and x, kept on a job line for it (lr_curve: the cap and the sensitivity)
+EXTRA = {"lr_curve": ("init_loss", "lr_sensitivity")}
+CURVE = "logit_curve"  # results.json diagnostics.logit_curve, a collected row's column (the over_step kind)
 
 
 def direction(metric: str) -> bool | None:
@@ -79,6 +82,22 @@ def _series_wanted(plots: list[dict]) -> dict[str, set[str]]:
     return wanted
 
 
+def step_curve(row: dict, metric: str) -> list[tuple[int, float]]:
+    """[(step, value)] of a run's recorded curve: a page row's kept `curves`, or a collected row's logit_curve (a
+    per-layer value as its largest layer's)."""
+    kept = (row.get("curves") or {}).get(metric) if isinstance(row.get("curves"), dict) else None
+    if kept is not None:
+        return [(int(s), float(v)) for s, v in kept if isinstance(s, int) and isinstance(v, (int, float))]
+    out = []
+    for point in row.get(CURVE) or []:
+        found = point.get(metric) if isinstance(point, dict) else None
+        if isinstance(found, list):
+            found = max((v for v in found if v is not None), default=None)
+        if isinstance(found, (int, float)) and isinstance(point.get("step"), int):
+            out.append((point["step"], float(found)))
+    return out
+
+
 def _rounded(x):
     if isinstance(x, list):
         return [_rounded(v) for v in x]
@@ -102,8 +121,11 @@ def figure_record(row: dict, plots: list[dict], with_maps: bool) -> dict:
     names |= {"model.n_layers"} if any(p.get("kind") in ("by_layer", "spectral_bounds") for p in plots) else set()
     keys = {k: row.get(k) for k in sorted(names) if isinstance(row.get(k), (str, int, float, bool))}
     values = {}
+    curves = {}
     for p in plots:
-        for name in (p.get("metric"), p.get("x")):
+        if p.get("kind") == "over_step" and isinstance(p.get("metric"), str):
+            curves[p["metric"]] = [[s, _rounded(v)] for s, v in step_curve(row, p["metric"])]
+        for name in (p.get("metric"), p.get("x"), *EXTRA.get(p.get("kind"), ())):
             found = value(row, name) if isinstance(name, str) else None
             if isinstance(found, (int, float)) and not isinstance(found, bool):
                 values[name] = _rounded(float(found))
@@ -113,7 +135,7 @@ def figure_record(row: dict, plots: list[dict], with_maps: bool) -> dict:
         kept = {m: _rounded(recorded[m]) for m in sorted(wanted) if recorded.get(m)}
         if kept:
             layers[when] = kept
-    out = {"keys": keys, "values": values, "layers": layers}
+    out = {"keys": keys, "values": values, "layers": layers, **({"curves": curves} if curves else {})}
     extra = sorted({str(p["metric"]) for p in plots if p.get("kind") in ("length_curve", "by_length")
                     and p.get("metric") not in EVAL_KEPT})
     if any(p.get("kind") == "by_position" for p in plots):
@@ -159,5 +181,5 @@ def page_rows(jobs: list[dict]) -> list[dict]:
                      **(job.get("metrics") or {}), **fig.get("values", {}), **job.get("setting", {}), "eval": evals,
                      "train_max_length": max(trained) if trained else None,
                      **{f"layers_{w}": fig.get("layers", {}).get(w, {}) for w in WHENS},
-                     "attention_weights": fig.get("attention_weights") or {}})
+                     "attention_weights": fig.get("attention_weights") or {}, "curves": fig.get("curves") or {}})
     return rows

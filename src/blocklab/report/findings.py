@@ -33,7 +33,7 @@ from blocklab.report.collect import RUNNING
 from blocklab.report.common import order
 from blocklab.report.figures_data import figure_record, lowest_seeds
 from blocklab.report.findings_data import (FORMAT, _planned, _results, job_record, meta_record,  # noqa: F401
-                                           read_jsonl, studies_error, study_error, sweep_plots)
+                                           names_its_rows, read_jsonl, studies_error, study_error, sweep_plots)
 from blocklab.report.findings_index import (ANSWER_LIMIT, EXERCISES, PROOF, PROOF_TEST, index_rows,  # noqa: F401
                                             render_index, sweep_names, write_index as _write_index)
 from blocklab.report.judge import AGREES, KEPT, OUTCOMES, also, judge, judge_page, learned  # noqa: F401 (the API)
@@ -77,7 +77,8 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
                    for r, res in zip(members, results)]
         records.sort(key=lambda j: (tuple(order(v) for v in j["setting"].values()), order(j["seed"]), j["job"]))
         extra = _planned([str(j["setting"].get("modification")) for j in records
-                          if j.get("status") == "completed"]) if "modification" in keys else {}
+                          if j.get("status") == "completed"]) \
+            if "modification" in keys and not names_its_rows(name) else {}
         meta = {**meta_record(name, study, members, results, extra), **figures.page_context(study, sweep_dir)}
         stem = meta["sweep"]
         data = folder.write_text(out, f"{stem}.jsonl", "".join(json.dumps(x, sort_keys=True, allow_nan=False) + "\n"

@@ -158,6 +158,18 @@ def _planned(measured: list[str]) -> dict:
             "not_run": [m for m in [BASELINE, *planned.jobs] if m not in set(measured)]}
 
 
+def names_its_rows(name: str) -> bool:
+    """Whether a sweep file picks its modifications by name (`${modifications:a,b}`, as frontier does): its page then
+    lists no planned row it did not ask for as "not run" (only `${modifications:}`, every row, plans them all)."""
+    from omegaconf import OmegaConf
+
+    if not (SWEEPS / f"{name}.yaml").is_file():
+        return False
+    config = OmegaConf.to_container(OmegaConf.load(SWEEPS / f"{name}.yaml"), resolve=False)
+    rows = (((config.get("hydra") or {}).get("sweeper") or {}).get("params") or {}).get("modification")
+    return isinstance(rows, str) and rows.replace(" ", "") != "${modifications:}"
+
+
 def sweep_study(name: str) -> dict:
     """A sweep file's study block, unresolved (interpolations stay text): the package's own config, not a folder's."""
     from omegaconf import OmegaConf

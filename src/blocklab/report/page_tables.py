@@ -10,6 +10,7 @@ from blocklab.report.build import _direction
 from blocklab.report.common import name as setting_name
 from blocklab.report.judge import keys_of as _keys, metric_of as _metric
 from blocklab.report.learned import learned
+from blocklab.report.lr_sensitivity import CHOSEN_ON
 from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, best_named, working
 
 
@@ -20,13 +21,20 @@ def verdict_metric(meta: dict) -> str:
     return verdict.get("metric") or (metrics[0] if metrics else "final_val_loss")
 
 
+def rate_metric(meta: dict) -> str:
+    """The metric a setting's best learning rate is chosen on: the verdict's, or for a metric of the whole curve
+    over the rates (lr_sensitivity: one value on every rate), the loss it is computed from."""
+    metric = verdict_metric(meta)
+    return CHOSEN_ON.get(metric, metric)
+
+
 def tuned(meta: dict, groups) -> dict[tuple, list[AtChoice]] | None:
     """Where the sweep tries several learning rates per setting: {setting without the lr: its learning rates, each
     with its jobs' scores on the verdict's metric}; None where it does not."""
     keys = _keys(meta)
     if OVER not in keys:
         return None
-    i, metric = keys.index(OVER), verdict_metric(meta)
+    i, metric = keys.index(OVER), rate_metric(meta)
     per: dict[tuple, list[AtChoice]] = {}
     for key, members in groups.items():
         if scores := stats.finite([_metric(j, metric) for j in members]):
@@ -47,7 +55,7 @@ def at_best(meta: dict, groups, best: dict | None) -> dict[tuple, list[dict]]:
     learning flag and the figure judge, since a learning rate that failed says nothing about the setting."""
     if best is None:
         return groups
-    higher = _direction(verdict_metric(meta)) is not False
+    higher = _direction(rate_metric(meta)) is not False
     return {(key := _with_lr(meta, rest, best_choice(tried, higher).value)): groups[key] for rest, tried in best.items()}
 
 
@@ -57,7 +65,7 @@ def _tuned_table(meta: dict, groups, best: dict) -> dict:
     A setting that learned at no rate has none: near chance every rate looks alike."""
     keys = _keys(meta)
     rest_keys = [k for k in keys if k != OVER]
-    metric = verdict_metric(meta)
+    metric = rate_metric(meta)
     higher = _direction(metric) is not False
     metrics = [m for m in meta["study"].get("metrics") or [] if isinstance(m, str)] or [metric]
     learn = learned(groups)

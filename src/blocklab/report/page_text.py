@@ -20,7 +20,8 @@ from blocklab.report.claims import claims_line
 from blocklab.report.judge import KEPT, OUTCOMES, groups_of, judge, judge_page, keys_of, metric_of, rule
 from blocklab.report.learned import learned
 from blocklab.report.markdown import ENV
-from blocklab.report.page_tables import _against_baseline, _table, _tuned_table, at_best, tuned, verdict_metric
+from blocklab.report.page_tables import (_against_baseline, _table, _tuned_table, at_best, rate_metric, tuned,
+                                        verdict_metric)
 from blocklab.report.recall import FRACTION
 
 GUIDE = "transfer_verdicts.md"  # the page that explains a ladder section (report/verdict_guide.py writes it)
@@ -247,6 +248,7 @@ def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[
     return ENV.get_template("findings.md.j2").render(
         meta=meta, study=study_line(meta["study"]), answer=answer_text(meta, jobs), banner=line,
         not_learned=not_learned, levels=levels(jobs), notes=notes(meta), table=table, tuned=best is not None,
+        rate_metric=rate_metric(meta) if rate_metric(meta) != verdict_metric(meta) else None,
         range_fraction=f"{FRACTION:g}", verdicts=[(OUTCOMES[v.outcome], v.sentence) for v in verdicts],
         comparisons=rows, claims=len(rows), floor=verdicts[0].floor, flips=stats.MIN_FLIP_PAIRS,
         cl_formula=stats.CL_FORMULA, outcome=OUTCOMES[verdicts[0].outcome], figures=figure or [], failed=failed,

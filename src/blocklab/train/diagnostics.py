@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 
 from blocklab import folder
 from blocklab.analysis.plots import attention_heatmaps
-from blocklab.analysis.probe import forward_stats, probe_gradients, sublayer_gradient_norms, summarize
+from blocklab.analysis.probe import forward_stats, logit_growth, probe_gradients, sublayer_gradient_norms, summarize
 
 
 # Heads per layer whose weights a measurement keeps as numbers (the heatmap PNG shows every head): enough for a page
@@ -35,6 +35,8 @@ class Diagnostics(Callback):
         self.probe, self.out_dir = probe, Path(out_dir)
         self.every_n_steps, self.sparsity_eps, self.attention_maps = every_n_steps, sparsity_eps, attention_maps
         self.history: list[dict] = []
+        # results.json diagnostics.logit_curve: probe.logit_growth at init and at every validation, against step
+        self.logit_curve: list[dict] = []
         self._grads_at_step: list[dict] | None = None
 
     def _measure(self, trainer, model, tag: str, step: int, gradients: Callable[[], list[dict]], maps: bool) -> None:
@@ -67,11 +69,23 @@ class Diagnostics(Callback):
         if trainer.is_global_zero:
             folder.write_json(self.out_dir.parent, Path(self.out_dir.name) / "history.json", self.history, indent=None)
 
+    def _logit_point(self, model, step: int) -> None:
+        """The logit-growth point at `step`, once; none for weights already non-finite (the run diverged) or a
+        measurement that fails (it may not end the run)."""
+        if any(p["step"] == step for p in self.logit_curve) or \
+                not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            return
+        try:
+            self.logit_curve.append({"step": step, **logit_growth(model, self.probe)})
+        except (RuntimeError, ValueError):
+            return
+
     def state_dict(self) -> dict:
-        return {"history": self.history}  # a resumed run keeps its measurements
+        return {"history": self.history, "logit_curve": self.logit_curve}  # a resumed run keeps its measurements
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.history = state_dict["history"]
+        self.logit_curve = state_dict.get("logit_curve", [])  # a checkpoint from before the curve existed
 
     def on_train_start(self, trainer, pl_module):
         # Not on_fit_start: a resume restores global_step only after it.
@@ -81,6 +95,11 @@ class Diagnostics(Callback):
         # Diagnostics first enabled at a resume measure the model where it is, not as if at init.
         self._measure(trainer, model, "init" if step == 0 else "resume", step,
                       lambda: probe_gradients(model, self.probe), self.attention_maps != "none")
+        self._logit_point(model, step)
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self._logit_point(pl_module.model, trainer.global_step)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         step = trainer.global_step
@@ -105,4 +124,5 @@ class Diagnostics(Callback):
             return {}
         first = self.history[0]  # not the init when diagnostics were first enabled at a resume
         return {**({"init": first} if first["tag"] == "init" else {}), "end": self.history[-1],
-                "every_n_steps": self.every_n_steps, "history": str(Path(self.out_dir.name) / "history.json")}
+                "every_n_steps": self.every_n_steps, "history": str(Path(self.out_dir.name) / "history.json"),
+                **({"logit_curve": self.logit_curve} if self.logit_curve else {})}
