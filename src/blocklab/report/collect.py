@@ -30,6 +30,7 @@ LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "pe
 METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in", "exact_match_out", "loss_out",
            "token_acc_in", "next_sentence_acc_in",
            "params", "flops_per_token", "tokens_per_s", "ms_per_step", "diverged", "steps_to_target_loss",
+           "steps_to_target",  # a findings page's, from study.target and each run's curve (report/targets.py)
            "kv_cache_bytes_per_token", "state_bytes", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
            "first_token_share",
            "ffn_off", "ffn_dead", "relative_residual_last")

@@ -38,9 +38,10 @@ def _plain(value):
     return value if value is None or isinstance(value, (str, int, float, bool)) else None
 
 
-def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) -> dict:
+def job_record(row: dict, results: dict, keys: list[str], metrics: list[str], curve: bool = False) -> dict:
     """One job's line: its setting (the study's compare keys), seed, what it varied, the fields a page uses, and
-    its task's reference levels (chance, and the bar at which it learned: tasks/references.py)."""
+    its task's reference levels (chance, and the bar at which it learned: tasks/references.py). `curve`: its
+    val_loss_curve too, where the study names a target loss (report/targets.py reads the steps to it)."""
     swept = row.get("overrides") or {}  # a key the sweep adds (+modification=...) is named without its +
     record = {"job": Path(row["run"]).name,
               "setting": {k: _plain(row[k] if k in row else swept.get(f"+{k}")) for k in keys},
@@ -52,6 +53,8 @@ def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) ->
     record["claims"] = _plain(row.get("claims"))  # the fingerprint of the claims the run was measured under
     # The task's reference levels: recorded by the run, else computed from its saved task config (older folders)
     record["references"] = references.of_run(results, saved_config(Path(row["run"])))
+    if curve:
+        record["val_loss_curve"] = [[_plain(step), _plain(loss)] for step, loss in results.get("val_loss_curve") or []]
     return record
 
 
@@ -61,7 +64,7 @@ def records(study: dict, members: list[dict], metrics: list[str]) -> list[dict]:
     lines = [(job_record(r, results := _results(r["run"]), keys, metrics), results) for r in members]
     if isinstance(study.get("target"), dict):  # steps to the page's target loss are read off each curve (targets.py)
         for record, results in lines:
-            record["val_loss_curve"] = _plain(results.get("val_loss_curve") or [])
+            record["val_loss_curve"] = [[_plain(step), _plain(loss)] for step, loss in results.get("val_loss_curve") or []]
     return [record for record, _ in lines]
 
 

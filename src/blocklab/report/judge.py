@@ -19,8 +19,9 @@ that one side cannot learn what the other does (`one_side_learns: true`) needs o
 learned; a claim about cost alone (`cost_only: true`) has no gate.
 
 A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
-why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns
-and cost_only. With `than_where` it is a claim about a gap (gap.py): A's advantage over B is larger at `where` than
+why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns,
+cost_only and at_best (each side at its own best learning rate of the page's grid, by the verdict's metric, and
+paired by seed alone: an optimizer against another, each tuned). With `than_where` it is a claim about a gap (gap.py): A's advantage over B is larger at `where` than
 at `than_where`, tested on the per-seed differences of the two per-seed gaps, under the same Holm step-down.
 
 Outcomes: yes (decided, the claimed way), no (decided, the other way), not distinguishable (at N seeds, whatever

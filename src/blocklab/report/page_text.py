@@ -219,8 +219,9 @@ def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[
     groups = groups_of(meta, jobs)
     verdicts = judge_page(meta, jobs)
     best = tuned(meta, groups)
-    table = (_against_baseline(meta, groups) if meta["study"].get("baseline") else
-             _tuned_table(meta, groups, best) if best else _table(meta, groups))
+    # a learning-rate grid first: each setting at its best rate, where a baseline row would pick one rate of many
+    table = (_tuned_table(meta, groups, best) if best else
+             _against_baseline(meta, groups) if meta["study"].get("baseline") else _table(meta, groups))
     failed = [j for j in jobs if j.get("status") not in KEPT]
     diverged = [j for j in jobs if j.get("status") == "diverged"]
     rows = [v.row for v in verdicts if v.row]
