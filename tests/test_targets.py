@@ -61,7 +61,7 @@ def test_the_target_is_the_baseline_at_its_best_lr_and_each_run_gets_its_steps()
     assert got[("baseline", 0.004, 0)] == 180.0 and got[("baseline", 0.004, 1)] is None
     assert round(got[("optim-muon", 0.032, 0)], 6) == 133.333333 and got[("optim-muon", 0.032, 1)] == 100.0
     assert got[("baseline", 0.002, 0)] is None
-    assert "2.1000" in meta["study"]["notes"][-1] and "0.004" in meta["study"]["notes"][-1]
+    assert "2.1000" in meta["target_note"] and "0.004" in meta["target_note"]
 
 
 def test_at_best_claims_pair_each_optimizer_at_its_own_best_lr_by_seed():
@@ -76,3 +76,4 @@ def test_at_best_claims_pair_each_optimizer_at_its_own_best_lr_by_seed():
     assert [round(d, 2) for d in differences(meta, jobs, claims[1])] == [-46.67, -100.0]
     page = findings.render_page({**PAGE, **meta}, jobs, None)
     assert "| modification=optim-muon | 0.032 |" in page and "| modification=baseline | 0.004 |" in page
+    assert meta["target_note"] in page

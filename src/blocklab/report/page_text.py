@@ -183,6 +183,8 @@ def notes(meta: dict) -> list[str]:
     if meta.get("gate_declared_later"):
         found.append(f"The sweep file declared how the learned gate applies after these runs were measured "
                      f"({'; '.join(meta['gate_declared_later'])}); the claims are otherwise as they were at run time.")
+    if meta.get("target_note"):  # what steps_to_target counts to (targets.apply, when the page's data is read)
+        found.append(meta["target_note"])
     return found
 
 

@@ -44,7 +44,8 @@ def target(meta: dict, jobs: list[dict]) -> tuple[float, str] | None:
 
 
 def apply(meta: dict, jobs: list[dict]) -> None:
-    """Each job's metrics gain steps_to_target, and the page's notes the sentence, where the study names a target."""
+    """Each job's metrics gain steps_to_target, and the page's caveats the sentence, where the study names a
+    target."""
     found = target(meta, jobs)
     if found is None:
         return
@@ -52,4 +53,4 @@ def apply(meta: dict, jobs: list[dict]) -> None:
     for j in jobs:
         if "val_loss_curve" in j:
             j["metrics"][METRIC] = steps_to(j["val_loss_curve"], value)
-    meta["study"]["notes"] = [*(meta["study"].get("notes") or []), sentence]
+    meta["target_note"] = sentence  # the page's caveats end with it (page_text.notes)
