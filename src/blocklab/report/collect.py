@@ -25,13 +25,15 @@ HIGHER_IS_BETTER = {"exact_match", "exact_match_given_length", "read_attention",
                     "token_acc", "token_acc_in", "tokens_per_s",
                     "decode_tokens_per_s", "next_sentence_acc", "next_sentence_acc_in"}
 LOWER_IS_BETTER = {"final_val_loss", "final_train_loss", "loss", "loss_out", "perplexity", "ms_per_step",
-                   "steps_to_target_loss", "diverged", "kv_cache_bytes_per_token", "state_bytes", "early_loss",
-                   "flops_per_token", "lr_sensitivity",
+                   "steps_to_target_loss", "steps_to_target", "diverged", "kv_cache_bytes_per_token", "state_bytes",
+                   "early_loss", "flops_per_token", "lr_sensitivity",
                    "first_token_share"}  # the attention sink: what gated attention claims to shrink (Qiu et al. 2025)
+# steps_to_target: read off the curves at report time (report/targets.py)
 # The metric columns a run's row carries (what study.metrics may name, besides a results.json field by dotted path).
 METRICS = ("final_val_loss", "final_train_loss", "early_loss", "exact_match_in", "exact_match_out", "loss_out",
            "token_acc_in", "next_sentence_acc_in",
            "params", "flops_per_token", "tokens_per_s", "ms_per_step", "diverged", "steps_to_target_loss",
+           "steps_to_target",  # a findings page's, from study.target and each run's curve (report/targets.py)
            "kv_cache_bytes_per_token", "state_bytes", "decode_tokens_per_s", "head_similarity", "ffn_sparsity",
            "first_token_share", "lr_sensitivity",
            "ffn_off", "ffn_dead", "relative_residual_last")

@@ -73,7 +73,8 @@ def write_findings(sweep_dir: Path, rows: list[dict], specs: dict[str, dict], ou
     for name, study, members, keys, metrics in plans:
         results = [_results(r["run"]) for r in members]
         plots, maps = study.get("plots") or [], lowest_seeds(members, keys)
-        records = [{**job_record(r, res, keys, metrics), "figure": figure_record(r, plots, r["run"] in maps)}
+        curve = isinstance(study.get("target"), dict)  # steps to it are read off each run's curve (targets.py)
+        records = [{**job_record(r, res, keys, metrics, curve), "figure": figure_record(r, plots, r["run"] in maps)}
                    for r, res in zip(members, results)]
         records.sort(key=lambda j: (tuple(order(v) for v in j["setting"].values()), order(j["seed"]), j["job"]))
         extra = _planned([str(j["setting"].get("modification")) for j in records

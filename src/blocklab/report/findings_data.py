@@ -14,7 +14,7 @@ from blocklab.errors import ConfigError
 from blocklab.hardware import source_commit
 from blocklab.paths import CONF_DIR
 from blocklab.report.build import _value
-from blocklab.report import references
+from blocklab.report import references, targets
 from blocklab.report.collect import UnreadableRun, saved_config
 from blocklab.report.common import order
 from blocklab.results import RESULTS_FILE, swept_overrides
@@ -30,7 +30,7 @@ JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match"
               "tokens_per_s", "train_time_s", "steps", "machine", "commit")
 EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss", "next_sentence_acc")
 STUDY_FIELDS = ("name", "scale", "question", "exercise", "source", "paper", "compare", "metrics", "verdict",
-                "baseline", "page", "ladder")  # ladder: its rungs, for the page's fit (report/ladder_page.py)
+                "baseline", "page", "ladder", "target")  # ladder: its rungs, for the page's fit (ladder_page.py)
 
 def _plain(value):
     """A JSON scalar: a non-finite float is null, anything not a scalar is left out (null)."""
@@ -39,9 +39,10 @@ def _plain(value):
     return value if value is None or isinstance(value, (str, int, float, bool)) else None
 
 
-def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) -> dict:
+def job_record(row: dict, results: dict, keys: list[str], metrics: list[str], curve: bool = False) -> dict:
     """One job's line: its setting (the study's compare keys), seed, what it varied, the fields a page uses, and
-    its task's reference levels (chance, and the bar at which it learned: tasks/references.py)."""
+    its task's reference levels (chance, and the bar at which it learned: tasks/references.py). `curve`: its
+    val_loss_curve too, where the study names a target loss (report/targets.py reads the steps to it)."""
     swept = row.get("overrides") or {}  # a key the sweep adds (+modification=...) is named without its +
     record = {"job": Path(row["run"]).name,
               "setting": {k: _plain(row[k] if k in row else swept.get(f"+{k}")) for k in keys},
@@ -53,13 +54,19 @@ def job_record(row: dict, results: dict, keys: list[str], metrics: list[str]) ->
     record["claims"] = _plain(row.get("claims"))  # the fingerprint of the claims the run was measured under
     # The task's reference levels: recorded by the run, else computed from its saved task config (older folders)
     record["references"] = references.of_run(results, saved_config(Path(row["run"])))
+    if curve:
+        record["val_loss_curve"] = [[_plain(step), _plain(loss)] for step, loss in results.get("val_loss_curve") or []]
     return record
 
 
 def records(study: dict, members: list[dict], metrics: list[str]) -> list[dict]:
     """The job lines of a study's runs (collect's rows), as the page reads them."""
     keys = [k for k in study.get("compare") or [] if isinstance(k, str)]
-    return [job_record(r, _results(r["run"]), keys, metrics) for r in members]
+    lines = [(job_record(r, results := _results(r["run"]), keys, metrics), results) for r in members]
+    if isinstance(study.get("target"), dict):  # steps to the page's target loss are read off each curve (targets.py)
+        for record, results in lines:
+            record["val_loss_curve"] = [[_plain(step), _plain(loss)] for step, loss in results.get("val_loss_curve") or []]
+    return [record for record, _ in lines]
 
 
 def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
@@ -242,4 +249,6 @@ def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
     if not lines or not isinstance(lines[0], dict) or lines[0].get("format") not in READABLE:
         raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
                           "blocklab.report SWEEP_DIR --findings docs/findings")
-    return with_gate_keys(lines[0]), lines[1:]
+    meta, jobs = with_gate_keys(lines[0]), lines[1:]
+    targets.apply(meta, jobs)
+    return meta, jobs

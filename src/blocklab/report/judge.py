@@ -19,8 +19,9 @@ that one side cannot learn what the other does (`one_side_learns: true`) needs o
 learned; a claim about cost alone (`cost_only: true`) has no gate.
 
 A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
-why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns
-and cost_only. With `than_where` it is a claim about a gap (gap.py): A's advantage over B is larger at `where` than
+why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns,
+cost_only and at_best (each side at its own best learning rate of the page's grid, by the verdict's metric, and
+paired by seed alone: an optimizer against another, each tuned). With `than_where` it is a claim about a gap (gap.py): A's advantage over B is larger at `where` than
 at `than_where`, tested on the per-seed differences of the two per-seed gaps, under the same Holm step-down.
 
 Outcomes: yes (decided, the claimed way), no (decided, the other way), not distinguishable (at N seeds, whatever
@@ -34,6 +35,7 @@ from blocklab.report.build import _direction
 from blocklab.report.claims import claims_hash
 from blocklab.report.common import group, order
 from blocklab.report.learned import gate, learned  # noqa: F401 (learned: the pages' API)
+from blocklab.report.recall import OVER, AtChoice, best
 
 KEPT = ("completed", "diverged")  # the runs a page shows: a diverged run is data, not a missing row
 OUTCOMES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "no difference that matters",
@@ -137,7 +139,8 @@ def _side(members: list[dict], metric: str, key_of) -> dict[tuple, tuple[float |
 def _pair(meta: dict, jobs: list[dict], claim: dict, words: dict, a: list[dict], b: list[dict]):
     """The claim's pairs, or a Verdict where it cannot be tested."""
     metric = claim["metric"]
-    named = {*(claim.get("better") or {}), *(claim.get("than") or {}), *(claim.get("where") or {})}
+    named = {*(claim.get("better") or {}), *(claim.get("than") or {}), *(claim.get("where") or {}),
+             *([OVER] if claim.get("at_best") else [])}  # each side at its own best rate: paired by seed alone
     rest = [k for k in keys_of(meta) if k not in named]
     key_of = lambda j: (j.get("seed"), *(str(j["setting"].get(k)) for k in rest))  # noqa: E731
     sa, sb = _side(a, metric, key_of), _side(b, metric, key_of)
@@ -206,10 +209,29 @@ def sides(meta: dict, jobs: list[dict], claim: dict) -> tuple[tuple[str, list[di
 
 
 def _within(meta: dict, jobs: list[dict], claim: dict) -> dict:
-    """The page's settings (name -> runs) restricted to the claim's `where`, empty ones dropped."""
+    """The page's settings (name -> runs) restricted to the claim's `where`, empty ones dropped; with `at_best`,
+    each setting at its own best learning rate only."""
     where = claim.get("where") or {}
     groups = {k: [j for j in m if _matches(j, where)] for k, m in groups_of(meta, jobs).items()}
-    return {k: m for k, m in groups.items() if m}
+    groups = {k: m for k, m in groups.items() if m}
+    return at_best_lr(meta, groups) if claim.get("at_best") else groups
+
+
+def at_best_lr(meta: dict, groups: dict) -> dict:
+    """Each setting (the compare keys but the learning rate) at its best learning rate only, chosen on the study's
+    verdict metric (mean over seeds): `at_best: true` claims compare two optimizers each at its own best rate. The
+    groups unchanged where the study does not sweep the rate."""
+    keys = keys_of(meta)
+    if OVER not in keys:
+        return groups
+    i, verdict = keys.index(OVER), meta["study"].get("verdict")
+    metric = (verdict.get("metric") if isinstance(verdict, dict) else None) or "final_val_loss"
+    tried: dict[tuple, list[AtChoice]] = {}
+    for key, members in groups.items():
+        if scores := stats.finite([metric_of(j, metric) for j in members]):
+            tried.setdefault(key[:i] + key[i + 1:], []).append(AtChoice(key[i], scores, members))
+    top = {rest: best(options, higher_is_better(metric)) for rest, options in tried.items()}
+    return {rest[:i] + (c.value,) + rest[i:]: c.members for rest, c in top.items()}
 
 
 def differences(meta: dict, jobs: list[dict], claim) -> list[float] | str:

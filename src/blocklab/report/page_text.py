@@ -186,6 +186,8 @@ def notes(meta: dict) -> list[str]:
     if meta.get("gate_declared_later"):
         found.append(f"The sweep file declared how the learned gate applies after these runs were measured "
                      f"({'; '.join(meta['gate_declared_later'])}); the claims are otherwise as they were at run time.")
+    if meta.get("target_note"):  # what steps_to_target counts to (targets.apply, when the page's data is read)
+        found.append(meta["target_note"])
     return found
 
 
@@ -238,8 +240,9 @@ def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[
     groups = groups_of(meta, jobs)
     verdicts = judge_page(meta, jobs)
     best = tuned(meta, groups)
-    table = (_against_baseline(meta, groups) if meta["study"].get("baseline") else
-             _tuned_table(meta, groups, best) if best else _table(meta, groups))
+    # a learning-rate grid first: each setting at its best rate, where a baseline row would pick one rate of many
+    table = (_tuned_table(meta, groups, best) if best else
+             _against_baseline(meta, groups) if meta["study"].get("baseline") else _table(meta, groups))
     failed = [j for j in jobs if j.get("status") not in KEPT]
     diverged = [j for j in jobs if j.get("status") == "diverged"]
     rows = [v.row for v in verdicts if v.row]
