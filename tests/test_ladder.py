@@ -27,9 +27,9 @@ def test_the_launch_expands_a_ladder_into_one_job_per_setting_rung_and_seed(tmp_
         for rung, (width, heads) in RUNGS.items():
             config = compose_job([*SWEEP, "act=gelu", f"study.rung={rung}", "seed=1", "run_dir=unused"])
             assert (config.model.d_model, config.model.n_heads) == (width, heads)
-            # a fixed budget of 204,800 tokens, 32 x 64 a step: 100 steps, validated 8 times
-            assert config.trainer.max_steps == math.ceil(204800 / (32 * 64)) == 100
-            assert config.trainer.val_check_interval == 100 // 8
+            # a fixed budget of 614,400 tokens, 32 x 64 a step: 300 steps, validated 8 times
+            assert config.trainer.max_steps == math.ceil(614400 / (32 * 64)) == 300
+            assert config.trainer.val_check_interval == 300 // 8
 
 
 def test_budget_rules_by_hand():
