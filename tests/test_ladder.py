@@ -55,7 +55,7 @@ def check(tmp_path, *extra: str) -> int:
      r"rungs d16 and d24 differ in optim.warmup_steps \(16 against 24\), which is not a declared size key"),
     (["study.ladder.sizes=[model.d_model]"], "rung d16 sets model.n_heads, which study.ladder.sizes does not declare"),
     (["model.d_model=64"], r"model.d_model is 64 in rung d16, whose value is 16: set model.d_model: \$\{ladder"),
-    (["trainer.max_steps=50"], "trainer.max_steps is 50 in rung d16, but the ladder's budget rule gives 100"),
+    (["trainer.max_steps=50"], "trainer.max_steps is 50 in rung d16, but the ladder's budget rule gives 300"),
     (["~study.ladder.rungs.d64"], r"study.ladder has 4 rungs; a fit of E \+ A N\^-alpha per setting needs at least 5"),
 ])
 def test_the_launch_refuses_a_ladder_that_drifts(tmp_path, extra, message):
@@ -129,5 +129,5 @@ def test_the_head_count_ladder_runs_under_mup_at_a_base_width_every_rung_allows(
                 config = compose_job(["sweep=head_count_ladder", f"model.n_heads={heads}", f"study.rung={rung}",
                                       "seed=0", "run_dir=unused"])
                 assert (config.param.name, config.param.base_width) == ("mup", 192)
-                assert (config.model.d_model, config.model.n_heads, config.trainer.max_steps) == (width, heads, 100)
+                assert (config.model.d_model, config.model.n_heads, config.trainer.max_steps) == (width, heads, 300)
                 assert 192 % (width // heads) == 0
