@@ -1,5 +1,5 @@
 """Steps to a target loss read off recorded validation curves (report/targets.py), and claims judged with each
-side at its own best learning rate (judge.at_best_lr): issue 57's Muon claim, on hand-computed cases."""
+side at its own best learning rate (page_runs.at_best_lr): issue 57's Muon claim, on hand-computed cases."""
 import json
 
 import pytest

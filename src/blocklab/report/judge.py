@@ -21,8 +21,9 @@ learned; a claim about cost alone (`cost_only: true`) has no gate.
 A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
 why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns,
 cost_only and at_best (each side at its own best learning rate of the page's grid, by the verdict's metric, and
-paired by seed alone: an optimizer against another, each tuned). With `than_where` it is a claim about a gap (gap.py): A's advantage over B is larger at `where` than
-at `than_where`, tested on the per-seed differences of the two per-seed gaps, under the same Holm step-down.
+paired by seed alone: an optimizer against another, each tuned). With `than_where` it is a claim about a gap
+(gap.py): A's advantage over B is larger at `where` than at `than_where`, tested on the per-seed differences of the
+two per-seed gaps, under the same Holm step-down.
 
 Outcomes: yes (decided, the claimed way), no (decided, the other way), not distinguishable (at N seeds, whatever
 the means say), no difference that matters (decided, but the interval lies inside the claim's ±min_effect), not
@@ -33,53 +34,18 @@ from dataclasses import dataclass
 from blocklab.report import gap, stats
 from blocklab.report.build import _direction
 from blocklab.report.claims import claims_hash
-from blocklab.report.common import group, order
+from blocklab.report.common import order
 from blocklab.report.learned import gate, learned  # noqa: F401 (learned: the pages' API)
-from blocklab.report.recall import OVER, AtChoice, best
+# The page's runs by setting (page_runs.py), used here and read from here by the pages.
+from blocklab.report.page_runs import (KEPT, OVER, _matches, _settings, at_best_lr, groups_of,  # noqa: F401
+                                       higher_is_better, keys_of, metric_of, select, spec_label)
 
-KEPT = ("completed", "diverged")  # the runs a page shows: a diverged run is data, not a missing row
 OUTCOMES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "no difference that matters",
             "const": "not testable", "learn": "not testable", "none": "not measured"}
 # The index's "agrees" column: exactly these four words (a difference inside min_effect is not one that matters;
 # a claim not measured cannot be tested yet)
 AGREES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "not distinguishable",
           "const": "not testable", "learn": "not testable", "none": "not testable"}
-
-
-# ---------------------------------------------------------------- the jsonl's runs, grouped
-def keys_of(meta: dict) -> list[str]:
-    return [k for k in meta["study"].get("compare") or [] if isinstance(k, str)]
-
-
-def groups_of(meta: dict, jobs: list[dict]) -> dict[tuple, list[dict]]:
-    """Setting -> its runs that completed or diverged (a failed run measured nothing)."""
-    keys = keys_of(meta)
-    rows = [{**{k: j["setting"].get(k) for k in keys}, "job": j} for j in jobs if j.get("status") in KEPT]
-    return {key: [r["job"] for r in members] for key, members in group(rows, keys).items()}
-
-
-def metric_of(job: dict, metric: str):
-    return job["metrics"].get(metric) if metric in job["metrics"] else job.get(metric)
-
-
-def _matches(job: dict, spec: dict) -> bool:
-    return all(str(job["setting"].get(k, job["choices"].get(k))) == str(v) for k, v in spec.items())
-
-
-def spec_label(spec) -> str:
-    return ", ".join(f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in spec.items()) if isinstance(spec, dict) else ""
-
-
-def _settings(groups, spec) -> list[list[dict]]:
-    """The runs of each setting that matches `spec`, one list per setting."""
-    spec = spec if isinstance(spec, dict) else {}
-    return [m for m in ([j for j in members if _matches(j, spec)] for members in groups.values()) if spec and m]
-
-
-def select(groups, spec) -> tuple[str, list[dict]]:
-    """The runs of every setting whose compare values (or choices) match `spec` ({key: value}); a label for them."""
-    spec = spec if isinstance(spec, dict) else {}
-    return spec_label(spec), [j for members in groups.values() for j in members if spec and _matches(j, spec)]
 
 
 def claims(meta: dict) -> list:
@@ -185,7 +151,7 @@ def _gap_test(meta: dict, jobs: list[dict], claim: dict) -> Verdict | _Pairs:
     tests = [_test(meta, jobs, c) for c in gap.places(claim)]
     if lost := next((t for t in tests if isinstance(t, Verdict)), None):
         return lost
-    (at, versus), shown = tests, {k: claim["where"][k] for k in claim[gap.KEY]}
+    at, shown = tests[0], {k: claim["where"][k] for k in claim[gap.KEY]}
     names = [f"({at.words['a']} − {at.words['b']}) at {spec_label(place)}" for place in (shown, claim[gap.KEY])]
     gaps = [{k: x - y for k, x, y in zip(t.keys, t.a, t.b)} for t in tests]
     keys, xs, ys, lacking = gap.pair(*gaps)
@@ -217,32 +183,11 @@ def _within(meta: dict, jobs: list[dict], claim: dict) -> dict:
     return at_best_lr(meta, groups) if claim.get("at_best") else groups
 
 
-def at_best_lr(meta: dict, groups: dict) -> dict:
-    """Each setting (the compare keys but the learning rate) at its best learning rate only, chosen on the study's
-    verdict metric (mean over seeds): `at_best: true` claims compare two optimizers each at its own best rate. The
-    groups unchanged where the study does not sweep the rate."""
-    keys = keys_of(meta)
-    if OVER not in keys:
-        return groups
-    i, verdict = keys.index(OVER), meta["study"].get("verdict")
-    metric = (verdict.get("metric") if isinstance(verdict, dict) else None) or "final_val_loss"
-    tried: dict[tuple, list[AtChoice]] = {}
-    for key, members in groups.items():
-        if scores := stats.finite([metric_of(j, metric) for j in members]):
-            tried.setdefault(key[:i] + key[i + 1:], []).append(AtChoice(key[i], scores, members))
-    top = {rest: best(options, higher_is_better(metric)) for rest, options in tried.items()}
-    return {rest[:i] + (c.value,) + rest[i:]: c.members for rest, c in top.items()}
-
-
 def differences(meta: dict, jobs: list[dict], claim) -> list[float] | str:
     """The claim's per-seed differences A - B as the page pairs them (the worst value standing in where the
     page's rule says so, incomplete pairs left out), or the sentence saying why it cannot be tested."""
     t = _test(meta, jobs, claim)
     return t.sentence if isinstance(t, Verdict) else [x - y for x, y in zip(t.a, t.b)]
-
-
-def higher_is_better(metric: str) -> bool:
-    return _direction(metric) is not False
 
 
 def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:

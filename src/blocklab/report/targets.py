@@ -2,11 +2,11 @@
 final loss, at each learning rate's best).
 
 The target is a page's own number: the mean `metric` (final_val_loss) of the setting `study.target.of` at its best
-learning rate (judge.at_best_lr), so no run needs it before it trains and no one types it. Each run's
+learning rate (page_runs.at_best_lr), so no run needs it before it trains and no one types it. Each run's
 `steps_to_target` is where its validation curve (results.json val_loss_curve, carried in the findings file) first
 reaches it, interpolated linearly between the two validations around the crossing; None where it never does."""
 from blocklab.report import stats
-from blocklab.report.judge import at_best_lr, groups_of, metric_of, select
+from blocklab.report.page_runs import at_best_lr, groups_of, metric_of, select
 
 METRIC = "steps_to_target"
 
