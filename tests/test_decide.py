@@ -225,6 +225,19 @@ def test_the_command_reads_the_study_through_swept_overrides_and_passes_no_claim
     assert refused.value.code == 2 and len(err.strip().splitlines()) == 1 and "declares no study.seeds" in err
 
 
+def test_a_sweep_of_modifications_composes_in_a_fresh_process():
+    """muon_lr picks `modification=baseline`, an option the modifications module registers on import: decide must
+    register it too (a fresh process, so no other test's import does it for it)."""
+    import subprocess
+    import sys
+
+    code = ("from blocklab.decide import Sweep; s = Sweep(['sweep=muon_lr']); "
+            "print(s.name, s.study['seeds']['max'], len(s.claims))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["muon_lr", "10", "2"]
+
+
 def test_a_rounds_settings_launch_as_few_sweeps_as_give_exactly_them():
     from blocklab.decide import launches
 

@@ -271,3 +271,15 @@ def test_a_metric_plot_draws_the_reference_levels_its_runs_tasks_state():
     lines = [line for line in fig.axes[0].get_lines() if line.get_label() == "_reference"]
     assert sorted(line.get_ydata()[0] for line in lines) == [2.5, 3.3]
     assert {t.get_text() for t in fig.axes[0].texts} >= {"bigram 2.5", "unigram 3.3"}
+
+
+def test_by_choice_ticks_are_the_values_the_sweep_chose():
+    """A learning-rate axis is log2, but its ticks read 0.001 and 0.003 as swept, not powers of two (0.0019531)."""
+    lrs = (0.0003, 0.001, 0.003, 0.01)
+    rows = [{"run": f"/nowhere/{lr}-{s}", "seed": s, "optim.lr": lr, "status": "completed", "final_val_loss": 2 + lr}
+            for lr in lrs for s in (0, 1)]
+    _, fig = figures.figure(rows, {"kind": "by_choice", "metric": "final_val_loss", "x": "optim.lr", "by": []})
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.0003", "0.001", "0.003", "0.01"]
+    assert list(ax.get_xticks(minor=True)) == []

@@ -4,7 +4,7 @@ from blocklab.report.build import group, section
 
 def run(task: str, heads: int, seed: int, loss: float) -> dict:
     return {"run": f"/sweep/{task}-{heads}-{seed}", "status": "completed", "task": task, "n_heads": heads,
-            "final_val_loss": loss, "diverged": 0.0,
+            "seed": seed, "final_val_loss": loss, "diverged": 0.0,
             "overrides": {"task": task, "model.n_heads": str(heads), "seed": str(seed)}}
 
 

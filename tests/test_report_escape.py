@@ -134,7 +134,8 @@ def test_every_string_from_the_folder_reaches_the_page_as_text_and_runs_nothing(
     # Where the strings sit: the study names are the section titles, the seed list is in the budget, the setting
     # that did not learn is flagged by name.
     assert f"seeds 0, seed {SCRIPT}" in page.text and f"optim.lr=lr {SCRIPT}" in page.text
-    assert f"did not learn in distribution: pos=pos {IMG} (mean 0.500; 0 of 2 seeds ≥ 0.9)" in page.text
+    assert (f"did not learn in distribution: pos=pos {IMG} (in-distribution exact match 0.500 < 0.900 (0 of 2 seeds "
+            "clear it))") in page.text
 
     # (b) In headless Chromium: nothing ran, and the payloads are visible text.
     with report_page(index) as browser:

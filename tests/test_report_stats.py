@@ -147,14 +147,6 @@ def test_the_smallest_difference_detectable_at_80_percent_power():
     assert stats.detectable(1.0, 1) is None
 
 
-def test_a_winner_is_named_only_when_the_intervals_are_apart():
-    apart = stats.estimate([0.90, 0.92, 0.94]), stats.estimate([0.50, 0.52, 0.54])
-    close = stats.estimate([0.90, 0.50, 0.70]), stats.estimate([0.60, 0.80, 0.75])
-    assert not stats.overlap(*apart) and stats.verdict(*apart) == "better"
-    assert stats.overlap(*close) and stats.verdict(*close) == "not distinguishable at 3 seeds"
-    assert stats.verdict(stats.estimate([0.9, 0.9]), stats.estimate([0.1])) == "not distinguishable at 2 and 1 seeds"
-
-
 def test_numbers_keep_their_difference_when_written():
     assert stats.fmt(0.8514) == "0.851" and stats.fmt(123456.7) == "123,457"
     # Two small, different values (a rare-event rate, a tiny gradient) must not both read 0.000.
@@ -168,25 +160,38 @@ def row(setting, seed, **metrics) -> dict:
             "diverged": 0.0, **metrics}
 
 
-def test_findings_name_a_winner_or_say_not_distinguishable():
+def test_findings_pair_by_seed_and_name_a_winner_only_where_holm_rejects():
     rows = [row("a", s, exact_match_in=v) for s, v in enumerate((0.90, 0.92, 0.94))]
     rows += [row("b", s, exact_match_in=v) for s, v in enumerate((0.50, 0.52, 0.54))]
     rows += [row("c", s, exact_match_in=v) for s, v in enumerate((0.91, 0.80, 0.93))]
     (apart,) = findings([r for r in rows if r["setting"] != "c"], ["setting"], "exact_match_in")
     assert apart.text.startswith("exact_match_in (higher is better): setting=a is best, 0.920 [0.900, 0.940]")
-    assert "not distinguishable" not in apart.text
-    assert apart.details == ["setting=b: 0.520 [0.500, 0.540]; CL(best over it) = 1.00; the best is better "
-                             "(intervals apart)."]
+    assert "its paired difference from every other setting excludes 0 (Holm)" in apart.text
+    # a - b is 0.40 on every seed: no seed noise at all, p = 0.
+    assert apart.details == ["setting=b: 0.520 [0.500, 0.540]; best − it, paired over 3 seeds: +0.400 [0.400, 0.400] "
+                             "(95%, Holm), p < 0.001 (Holm); the best is better."]
     (mixed,) = findings(rows, ["setting"], "exact_match_in")
-    assert "better than 1 of 2 other settings (intervals apart), not distinguishable from the rest at 3 seeds" \
-        in mixed.text
-    # c's seeds beat a's in 3 of 9 pairs (0.91 > 0.90, 0.93 > 0.90, 0.93 > 0.92): CL(a over c) = 6/9.
-    assert mixed.details[0] == ("setting=c: 0.880 [0.800, 0.930]; CL(best over it) = 0.67; not distinguishable at 3 "
-                                "seeds.")
+    assert "better than 1 of 2 other settings (paired, Holm), not distinguishable from the rest" in mixed.text
+    # a - c by seed: -0.01, +0.12, +0.01. Mean 0.04, sd sqrt((0.05² + 0.08² + 0.03²) / 2) = 0.07, t = 0.04 / (0.07 /
+    # sqrt 3) = 0.9897 at 2 df, two-sided p = 1 - t / sqrt(2 + t²) = 0.427. Holm: b (p 0) is rejected at 0.025, so c
+    # is tested at 0.05, adjusted p = 1 x 0.427; its 95% interval is 0.04 ± 4.303 x 0.07 / sqrt 3 = [-0.134, +0.214].
+    assert mixed.details[0] == ("setting=c: 0.880 [0.800, 0.930]; best − it, paired over 3 seeds: +0.040 "
+                                "[-0.134, 0.214] (95%, Holm), p = 0.427 (Holm); not distinguishable at 3 paired seeds.")
     (close,) = findings([r for r in rows if r["setting"] != "b"], ["setting"], "exact_match_in")
-    assert close.text.startswith("exact_match_in (higher is better): not distinguishable at 3 seeds: the best mean, "
-                                 "setting=a 0.920 [0.900, 0.940], overlaps every other setting's 95% interval")
-    assert "is best" not in close.text
+    assert close.text == ("exact_match_in (higher is better): not distinguishable at 3 seeds: the best mean is setting=a "
+                          "0.920 [0.900, 0.940], and no paired difference from it clears Holm's correction, so no winner "
+                          "is named.")
+
+
+def test_findings_pair_only_the_seeds_both_settings_ran():
+    rows = [row("a", s, exact_match_in=v) for s, v in enumerate((0.90, 0.92, 0.94, 0.99))]
+    rows += [row("b", s, exact_match_in=v) for s, v in ((0, 0.50), (2, 0.58))]
+    (finding,) = findings(rows, ["setting"], "exact_match_in")
+    assert "paired over 2 seeds: +0.380" in finding.details[0]  # seeds 0 and 2: 0.40 and 0.36
+    single = rows[:4] + [row("b", 0, exact_match_in=0.5), row("b", 7, exact_match_in=0.6)]
+    (lone,) = findings(single, ["setting"], "exact_match_in")
+    assert lone.details[0].endswith("fewer than 2 seeds shared with the best, so not tested.")
+    assert "not distinguishable" in lone.text
 
 
 def test_settings_tied_with_the_best_on_every_seed_share_one_line():
@@ -205,7 +210,8 @@ def test_a_loss_is_better_lower_and_a_diagnostic_has_no_winner_word():
         "final_val_loss (lower is better): setting=a is best, 0.110")
     similarity = findings(rows, ["setting"], "head_similarity")[0]
     assert similarity.text.startswith("head_similarity (no better direction): setting=b is highest, 0.510")
-    assert similarity.details[0].endswith("CL(highest over it) = 1.00; the highest is higher (intervals apart).")
+    assert similarity.details[0].endswith("paired over 3 seeds: +0.400 [0.400, 0.400] (95%, Holm), p < 0.001 (Holm); "
+                                          "the highest is higher.")
 
 
 def test_degenerate_metrics_read_as_sentences():
@@ -297,7 +303,7 @@ def test_the_report_tables_show_the_study_metrics_with_intervals_and_the_csv_kee
     page = build_report(root, rows, study_specs(root, rows)).read_text()
     header, body = cells_of(page, "metrics")
     assert header == ["task.reverse_answer", "seeds", "exact_match_in (mean)", "exact_match_in 95% CI",
-                      "exact_match_out (mean)", "exact_match_out 95% CI", "learned (seeds ≥ 0.9 in distribution)"]
+                      "exact_match_out (mean)", "exact_match_out 95% CI", "learned (seeds that clear their task&#39;s bar)"]
     assert body[0][:4] == ["False", "3", "0.450", "[0.400, 0.500]"]
     assert body[1][:4] == ["True", "3", "0.970", "[0.950, 0.990]"]
     assert body[1][4:6] == ["0.000", "[0.000, 0.000]"]
@@ -309,9 +315,10 @@ def test_the_report_tables_show_the_study_metrics_with_intervals_and_the_csv_kee
         columns = next(csv.reader(f))
     assert {"kv_cache_bytes_per_token", "decode_tokens_per_s", "final_train_loss", "exact_match_in", "early_loss",
             "flops_per_token", "tokens_per_s", "params", "steps"} <= set(columns)
-    # The findings answer with the study's metrics: the winner on exact_match_in, the all-zero sentence.
-    assert "exact_match_in (higher is better): reverse_answer=True is best, 0.970 [0.950, 0.990]" in page
-    # Beyond training only the setting that learned is judged (reverse_answer=False never learned), and it says so.
+    # The findings answer with the study's metrics, on every one only the setting that learned (reverse_answer=False
+    # never learned), and say so: its exact match in distribution, the all-zero sentence beyond.
+    assert ("Among the settings that learned in distribution (left out as not learned: reverse_answer=False): "
+            "exact_match_in: reverse_answer=True 0.970 [0.950, 0.990] over 3 seeds.") in page
     assert ("Among the settings that learned in distribution (left out as not learned: reverse_answer=False): every "
             "run scores 0.000 on exact_match_out (3 runs): it does not tell the settings apart.") in page
     assert "no setting generalizes beyond the training length: no seed reaches exact_match ≥ 0.9" in page

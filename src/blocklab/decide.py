@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import blocklab.modifications  # noqa: F401 - the `modification` group a sweep such as muon_lr picks
 from blocklab import folder
 from blocklab.errors import ConfigError, exit_on
 from blocklab.naming import override_key

@@ -1,5 +1,6 @@
 """A sweep's report: per study, its question and budget, a table of the study's own metrics (mean over seeds and
-95% bootstrap interval), findings computed from the numbers (a winner only where the intervals are apart), a
+95% bootstrap interval), findings computed from the numbers (among the settings that learned, a winner only where
+the paired difference by seed clears Holm's correction), a
 summary table in the layout of Narang et al. 2021, the length tables, the sweep's plots with seed bands, and one
 self-contained HTML page (images inlined, opens offline). Every column goes to summary.csv.
 
@@ -23,14 +24,13 @@ from blocklab.report.figures_cost import CONTEXT, bench_context
 from blocklab.report.figures_data import direction as _direction, value as _value  # noqa: F401 (callers' names)
 from blocklab.report.output import Out
 from blocklab.report.render import Figure, Items, Para, Table, para  # noqa: F401
-from blocklab.report.section_text import (Finding, Learning, _swept, beyond_training, budget, findings,  # noqa: F401
-                                          judged, learning, learning_note, machine_caveat, speed_caveat)
-from blocklab.results import LEARNED_THRESHOLD
+from blocklab.report.section_text import (Finding, Learning, _swept, budget, findings, judged,  # noqa: F401
+                                          learning, learning_note, machine_caveat, speed_caveat)
 from blocklab.schema import Keys
 
 # What a study without `study.metrics` is judged on (those its runs record).
 DEFAULT_METRICS = ("final_val_loss", "exact_match_in", "exact_match_out")
-CSV_SKIP = {"eval", "layers_init", "layers_end", "overrides"}
+CSV_SKIP = {"eval", "layers_init", "layers_end", "overrides", "references"}
 
 
 def metrics_spec(value, rows: list[dict] = ()) -> list[str]:
@@ -155,9 +155,10 @@ def section_data(name: str, spec: dict, rows: list[dict], out: "Out | Path", con
         shown += [Finding(caveat) for caveat in (speed_caveat(done), machine_caveat(done)) if caveat]
         if any(r["diverged"] for r in done):
             shown.append(Finding(f"{sum(int(r['diverged']) for r in done)} of {len(done)} runs diverged."))
-        answer.append(para("What the numbers show.", "CL(best over it), the common-language effect size: "
-                           + stats.CL_FORMULA + ", with A the best setting. A winner is named only where the 95% "
-                           "intervals do not overlap."))
+        answer.append(para("What the numbers show.", "Per metric, the best setting against every other, paired by "
+                           "seed (seed s fixes the data order of every setting): the mean per-seed difference with its "
+                           "paired t-interval at the Holm level over that metric's comparisons, and the Holm-adjusted "
+                           "p. A winner is named only where Holm rejects \"no difference\"."))
         answer += [Items(shown), *figures]
         tables_.append(para("Results", f"on the study's metrics ({', '.join(metrics)}): the mean over each "
                             "setting's seeds and its 95% bootstrap confidence interval (scipy.stats.bootstrap, "
@@ -166,7 +167,7 @@ def section_data(name: str, spec: dict, rows: list[dict], out: "Out | Path", con
                             "settle."))
         marks = {key: (e.learned_seeds, e.measured, e.learned) for key, e in learning(group(done, compare)).items()}
         tables_.append(Table(*tables.metrics_table(group(done, compare), compare, metrics, _value, marks,
-                                                   f"learned (seeds ≥ {LEARNED_THRESHOLD:g} in distribution)"),
+                                                   "learned (seeds that clear their task's bar)"),
                              "metrics"))
         tables_.append(para("Summary", "in the layout of Narang et al. 2021: costs, the training loss early on (the "
                             "mean over the steps logged around that point), the final validation loss and exact "

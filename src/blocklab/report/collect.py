@@ -17,7 +17,7 @@ from blocklab.folder import FolderError
 from blocklab.paths import CONF_DIR
 from blocklab.report import lr_sensitivity
 from blocklab.report.claims import claims_hash
-from blocklab.results import RESULTS_FILE, SAVED_CONFIG, flatten, swept_overrides
+from blocklab.results import RESULTS_FILE, SAVED_CONFIG, flatten, recorded_references, swept_overrides
 
 RUNNING = "running"  # a row's status for a run still training: its results are not read
 
@@ -255,6 +255,10 @@ def _measured(results: dict, row: dict) -> dict:
         "steps_to_target_loss": results.get("steps_to_target_loss"),
         "exact_match_in": _mean([r["exact_match"] for r in inside]),
         "exact_match_out": _mean([r["exact_match"] for r in beyond]),
+        # how report/learned.py judges whether the run learned: its task's recorded bars, else exact match
+        "references": recorded_references(results),
+        "in_distribution_exact_match": results.get("in_distribution_exact_match",
+                                                   _mean([r["exact_match"] for r in inside])),
         "loss_out": _mean([r["loss"] for r in beyond]),
         "token_acc_in": _mean([r.get("token_acc") for r in inside]),
         "next_sentence_acc_in": _mean([r.get("next_sentence_acc") for r in inside]),

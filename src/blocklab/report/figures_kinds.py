@@ -79,7 +79,7 @@ def plot_by_length(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
 def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str]) -> str | None:
     """The metric against a numeric choice `x` (log2 axis), one line per setting: the mean over seeds, the seed
     range shaded. `metric` (and `x`) is a report column or a results.json field by dotted path."""
-    drawn = False
+    shown: set[float] = set()
     for key, members in group(rows, by).items():
         points = [(_value(m, spec["x"]), _value(m, metric)) for m in members]  # each run's fields read once
         xs = sorted(set(stats.finite(x for x, _ in points)))  # a dotted results.json field may hold anything
@@ -89,10 +89,13 @@ def plot_by_choice(ax, rows: list[dict], spec: dict, metric: str, by: list[str])
             continue
         (line,) = ax.plot(xs, [sum(v) / len(v) for v in per_x], marker="o", label=_label(key) or metric)
         _band(ax, xs, [min(v) for v in per_x], [max(v) for v in per_x], line)
-        drawn = True
-    if not drawn:
+        shown.update(xs)
+    if not shown:
         return not_recorded(ax, metric)
     ax.set_xscale("log", base=2)
+    # Ticks at the values the sweep chose (1e-3, 3e-3), not at powers of 2 (0.0019531)
+    ax.set_xticks(sorted(shown), minor=False)
+    ax.set_xticks([], minor=True)
     ax.set_xlabel(f"{spec['x']} (shaded: min to max over seeds)")
     _legend(ax, by)
     return None

@@ -1,6 +1,7 @@
-"""The sentences of a study's HTML section (report/build.py): what the numbers show per metric (the best setting
-against every other, a winner only where the 95% intervals are apart), whether every setting learned its task
-(before any conclusion about one), its budget, and the caveats its runs carry (jobs side by side, several machines).
+"""The sentences of a study's HTML section (report/build.py): whether every setting learned its task (before any
+conclusion about one: only the settings that learned are compared, on every metric), what the numbers show per
+metric (the best setting against every other, paired by seed, a winner only where the paired t-test rejects under
+Holm's correction over those comparisons), its budget, and the caveats its runs carry (jobs side by side, several machines).
 Computed from the collected rows; the findings pages judge claims in judge.py."""
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from blocklab.report.collect import _count
 from blocklab.report.common import group, name as _name, order as _order
 from blocklab.report.figures_data import direction as _direction, value as _value
 from blocklab.report.render import Para
-from blocklab.results import LEARNED_THRESHOLD
+from blocklab.report.learned import Learning, learned as learned_by_setting
 
 # Settings every run of a section shares and no setting had tuned for it: the budget names them.
 FIXED = ("optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.weight_decay", "task.batch_size",
@@ -25,12 +26,23 @@ class Finding:
     details: list[str] = field(default_factory=list)
 
 
+def _paired(best: list[dict], other: list[dict], metric: str) -> stats.Paired | None:
+    """best - other on `metric`, seed by seed: seed s fixes the data order of every setting of a task, so the
+    runs of one seed form a pair. None below 2 shared seeds."""
+    def by_seed(members):
+        return {m.get("seed"): v for m in members if m.get("seed") is not None
+                and isinstance(v := _value(m, metric), (int, float)) and v == v}
+    a, b = by_seed(best), by_seed(other)
+    return stats.paired_t([a[s] - b[s] for s in sorted(set(a) & set(b), key=_order)])
+
+
 def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
-    """The setting with the best mean (the highest, for a metric with no better direction) against every other:
-    its mean [95% CI], the common-language effect size CL over seed pairs, and "not distinguishable at N seeds" where the intervals
-    overlap. Degenerate cases read as sentences: every run scores the same, one seed per setting, one setting."""
-    estimates = [(key, stats.estimate([_value(m, metric) for m in members])) for key, members in
-                 group(rows, keys).items()]
+    """The setting with the best mean (the highest, for a metric with no better direction) against every other,
+    paired by seed: the mean per-seed difference, its paired t-interval at the Holm level over these comparisons,
+    and the Holm-adjusted p. A winner is named only where Holm rejects "no difference". Degenerate cases read as
+    sentences: every run scores the same, one seed per setting, one setting."""
+    groups = {key: members for key, members in group(rows, keys).items()}
+    estimates = [(key, stats.estimate([_value(m, metric) for m in members])) for key, members in groups.items()]
     estimates = [(key, e) for key, e in estimates if e is not None]
     if not estimates:
         return []
@@ -52,31 +64,37 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
                         f"{_name(keys, worst_key)} ({stats.fmt(worst.mean)}); one run each, so the seed spread is "
                         "unknown and no winner is named (add seeds).")]
     better = "better" if higher is not None else "higher"
-    details, apart, tied = [], [], []
-    for key, e in ordered[1:]:
-        if sorted(e.values) == sorted(best.values):  # the same score on every seed: one line for all of them
-            tied.append(_name(keys, key))
+    tied = [key for key, e in ordered[1:] if sorted(e.values) == sorted(best.values)]
+    compared = [(key, e, _paired(groups[best_key], groups[key], metric)) for key, e in ordered[1:] if key not in tied]
+    levels = iter(stats.holm([p.p if p else None for _, _, p in compared]))
+    details, apart = [], []
+    for key, e, p in compared:
+        h = next(levels)
+        if p is None:
+            details.append(f"{_name(keys, key)}: {stats.mean_interval(e)}; fewer than 2 seeds shared with the {word}, "
+                           "so not tested.")
             continue
-        p = stats.common_language(best.values, e.values, higher_is_better=higher is not False)
-        apart += [key] if not stats.overlap(best, e) else []
-        details.append(f"{_name(keys, key)}: {stats.mean_interval(e)}; CL({word} over it) = {p:.2f}; "
-                       f"{stats.verdict(best, e, better=f'the {word} is {better} (intervals apart)')}.")
+        low, high = p.interval(h.level)
+        apart += [key] if h.rejected else []
+        said = f"the {word} is {better}" if h.rejected else f"not distinguishable at {p.n} paired seeds"
+        details.append(f"{_name(keys, key)}: {stats.mean_interval(e)}; {word} − it, paired over {p.n} seeds: "
+                       f"{stats.signed(p.mean)} [{stats.fmt(low, p.mean)}, {stats.fmt(high, p.mean)}] "
+                       f"({stats.confidence(h.level)}, Holm), p {stats.p_is(h.adjusted)} (Holm); {said}.")
     if tied:
         details.insert(0, f"{len(tied)} other setting{'s' if len(tied) > 1 else ''} score exactly as the {word} does "
-                          f"on every seed ({stats.fmt(best.mean)}): {'; '.join(tied)}.")
+                          f"on every seed ({stats.fmt(best.mean)}): {'; '.join(_name(keys, k) for k in tied)}.")
     others, seeds, setting = len(ordered) - 1, f"{best.n} seed{'s' if best.n > 1 else ''}", _name(keys, best_key)
     mean = stats.mean_interval(best)
     if not apart:
-        text = (f"{metric} ({how}): not distinguishable at {seeds}: the {word} mean, {setting} {mean}, overlaps "
-                "every other setting's 95% interval, so no winner is named.")
+        text = (f"{metric} ({how}): not distinguishable at {seeds}: the {word} mean is {setting} {mean}, and no "
+                "paired difference from it clears Holm's correction, so no winner is named.")
     elif len(apart) == others:
-        text = (f"{metric} ({how}): {setting} is {word}, {mean} (mean [95% CI] over {seeds}); its interval is "
-                "apart from every other setting's.")
+        text = (f"{metric} ({how}): {setting} is {word}, {mean} (mean [95% CI] over {seeds}); its paired difference "
+                "from every other setting excludes 0 (Holm).")
     else:
         text = (f"{metric} ({how}): {word} mean {setting} {mean} over {seeds}; {better} than {len(apart)} of "
-                f"{others} other settings (intervals apart), not distinguishable from the rest at {seeds}.")
+                f"{others} other settings (paired, Holm), not distinguishable from the rest.")
     return [Finding(text, details)]
-
 
 
 def speed_caveat(rows: list[dict]) -> str | None:
@@ -132,76 +150,45 @@ def budget(done: list[dict], compare: list[str]) -> str:
     return f"{steps}; {seeds_text}{untuned}."
 
 
-@dataclass(frozen=True)
-class Learning:
-    """How a setting's seeds did on their training lengths: seeds measured, seeds at or above LEARNED_THRESHOLD
-    (results.learned_in_distribution, per run), and the mean over seeds of in-distribution exact match. A setting
-    counts as learned when that mean reaches the threshold a single run is held to."""
-
-    measured: int
-    learned_seeds: int
-    mean: float
-
-    @property
-    def learned(self) -> bool:
-        return self.mean >= LEARNED_THRESHOLD
-
-
 def learning(groups: dict[tuple, list[dict]]) -> dict[tuple, Learning]:
-    """Per setting whose runs score exact match on their training lengths (not an LM): its Learning."""
-    out = {}
-    for key, members in groups.items():
-        scores = stats.finite([m.get("exact_match_in") for m in members])
-        if scores:
-            out[key] = Learning(len(scores), sum(x >= LEARNED_THRESHOLD for x in scores), sum(scores) / len(scores))
-    return out
-
-
-def beyond_training(metric: str) -> bool:
-    """A metric measured beyond the training lengths (exact_match_out, loss_out): what says whether a setting
-    extrapolates, and so says nothing about a setting that never learned the lengths it trained on."""
-    return metric.split(".")[-1].endswith("_out")
+    """Per setting whose runs state how their task is learned (report/learned.py's bars): its Learning."""
+    return learned_by_setting(groups)
 
 
 def learning_note(prefix: str, keys: list[str], learned: dict[tuple, Learning]) -> Para | None:
     """The flag every conclusion comes after: which settings did not learn their task in distribution."""
     if not learned:
         return None
-    threshold = f"{LEARNED_THRESHOLD:g}"
-
-    def who(key, e):
-        return (f"{_name(keys, key) or 'all runs'} (mean {stats.fmt(e.mean)}; {e.learned_seeds} of {e.measured} "
-                f"seed{'s' if e.measured > 1 else ''} ≥ {threshold})")
-
-    failed = [who(k, e) for k, e in learned.items() if not e.learned]
-    partly = [who(k, e) for k, e in learned.items() if e.learned and e.learned_seeds < e.measured]
+    failed = [f"{_name(keys, k) or 'all runs'} ({e.why()})" for k, e in learned.items() if not e.learned]
+    partly = [f"{_name(keys, k) or 'all runs'} ({e.learned_seeds} of {e.measured} seeds clear it)"
+              for k, e in learned.items() if e.learned and e.learned_seeds < e.measured]
     lead = f"{prefix}Did every setting learn its task?"
-    rule = (f"A setting counts as learned when the mean over its seeds of exact match on the training lengths "
-            f"reaches {threshold}, the mark a single run is held to.")
+    rule = ("A setting counts as learned when the mean over its seeds clears its task's bar on the training lengths "
+            "(tasks/references.py: copy and addition exact match 0.9, an LM below its corpus' bigram loss, MQAR and "
+            "next-sentence accuracy halfway from chance to perfect), the mark a single run is held to.")
     if not failed and not partly:
-        return Para(lead, (f"Yes: every seed of every setting reaches exact match ≥ {threshold} on its training "
-                           "lengths, so its scores beyond them measure extrapolation.",))
+        return Para(lead, ("Yes: every seed of every setting clears its task's bar on the training lengths, so "
+                           "every setting is compared below. " + rule,))
     text = []
     if failed:
         text.append(f"No: {len(failed)} of {len(learned)} setting{'s' if len(learned) > 1 else ''} did not learn "
-                    f"in distribution: {'; '.join(failed)}. Their scores beyond the training lengths say little "
-                    "about extrapolation, so they are left out of every comparison beyond training below.")
+                    f"in distribution: {'; '.join(failed)}. They are left out of every comparison below: a setting "
+                    "that never learned its training distribution says nothing about the component.")
     if partly:
         text.append(f"Learned, but not on every seed: {'; '.join(partly)}.")
     return Para(lead, (" ".join([*text, rule]),), "not-learned")
 
 
 def judged(subset: list[dict], keys: list[str], metric: str, learned: dict[tuple, Learning]) -> list[Finding]:
-    """The findings on `metric`; one beyond the training lengths compares only the settings that learned in
-    distribution, and says which it left out."""
-    left_out = [key for key, e in learned.items() if not e.learned] if beyond_training(metric) else []
+    """The findings on `metric` among the settings that learned their task (every metric: a setting that did not
+    learn is no evidence about its component); says which it left out."""
+    left_out = [key for key, e in learned.items() if not e.learned]
     if not left_out:
         return findings(subset, keys, metric)
     names = "; ".join(_name(keys, key) or "all runs" for key in left_out)
     kept = [r for r in subset if tuple(r.get(k) for k in keys) not in left_out]
     if not kept:
-        return [Finding(f"{metric}: no setting learned its task in distribution ({names}), so none is judged "
-                        "beyond the training lengths.")]
+        return [Finding(f"{metric}: no setting learned its task in distribution ({names}), so none is judged.")]
     among = f"Among the settings that learned in distribution (left out as not learned: {names}): "
     return [Finding(among + f.text, f.details) for f in findings(kept, keys, metric)]
 

@@ -196,22 +196,6 @@ def confidence(level: float) -> str:
     return f"{100 * (1 - level):.3g}%"
 
 
-def overlap(a: Estimate, b: Estimate) -> bool:
-    """Whether the two intervals share a point; a group without an interval (one seed) overlaps everything."""
-    if not (a.has_interval and b.has_interval):
-        return True
-    return a.low <= b.high and b.low <= a.high
-
-
-def seeds_phrase(a: Estimate, b: Estimate) -> str:
-    return f"{a.n} seeds" if a.n == b.n else f"{a.n} and {b.n} seeds"
-
-
-def verdict(best: Estimate, other: Estimate, better: str = "better") -> str:
-    """"better" (or the given word) when the intervals are apart, else "not distinguishable at N seeds"."""
-    return better if not overlap(best, other) else f"not distinguishable at {seeds_phrase(best, other)}"
-
-
 def fmt(x: float | None, like: float | None = None) -> str:
     """Three decimals for scores and losses, whole numbers from 1000 up (params, bytes, tokens/s), three
     significant figures below 0.01 (so two small, different values never both read 0.000); `like`: the value
