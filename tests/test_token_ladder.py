@@ -222,3 +222,20 @@ def test_a_token_ladder_s_bootstrap_draws_whole_seeds():
     assert np.allclose(whole - whole[:, :1], np.arange(5)[None, :])
     apart = scaling.resample_means(settings, 200)["x"]
     assert not np.allclose(apart - apart[:, :1], np.arange(5)[None, :])
+
+
+def test_the_committed_token_ladder_page_has_its_section():
+    """docs/findings/activations_tokens.md (test_findings re-renders it byte for byte): its section in tokens, its
+    trunks' launch before the sweep's, and the activations page and the index carry its verdict."""
+    root = Path(__file__).resolve().parents[1] / "docs/findings"
+    page = (root / "activations_tokens.md").read_text(encoding="utf-8")
+    meta, jobs = findings.read_jsonl(root / "activations_tokens.jsonl")
+    for part in ("L(D) = E + B D^-beta", "| swiglu | ", "| gelu | ", "| D | gap |", "**Transfer verdict: ",
+                 "![loss against training tokens](activations_tokens.ladder.png)",
+                 "Reproduce: `python train.py -m sweep=activations_tokens act=gelu,swiglu study.rung=trunk seed=0,1,2"):
+        assert part in page, part
+    holds = ladder_page.holds(meta, jobs)
+    assert holds.split(":")[0] in ("yes", "no") and "budget grows" in holds or holds == scaling.UNDETERMINED
+    assert f"[activations_tokens](activations_tokens.md#does-it-hold-at-scale): {holds}." in \
+        (root / "activations.md").read_text(encoding="utf-8")
+    assert f"[{holds}](activations_tokens.md#does-it-hold-at-scale)" in (root / "README.md").read_text(encoding="utf-8")
