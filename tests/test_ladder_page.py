@@ -116,11 +116,11 @@ def test_the_committed_activations_ladder_page_has_its_section():
                  "![loss against parameters](activations_ladder.ladder.png)"):
         assert part in page, part
     holds = ladder_page.holds(meta, jobs)
-    assert f"(activations_ladder.md#does-it-hold-at-scale): {holds}." in \
-        (ROOT / "docs/findings/activations.md").read_text(encoding="utf-8")
+    assert f"(activations_ladder.md#does-it-hold-at-scale): {holds}" in \
+        (ROOT / "docs/findings/activations.md").read_text(encoding="utf-8")  # then its token ladder's
     index = (ROOT / "docs/findings/README.md").read_text(encoding="utf-8").splitlines()
     row = next(line for line in index if line.endswith("| [activations](activations.md) |"))
-    assert f"| [{holds}](activations_ladder.md#does-it-hold-at-scale) | 3 |" in row
+    assert f"| [{holds}](activations_ladder.md#does-it-hold-at-scale); [" in row  # then activations_tokens
 
 
 def _index_folder(tmp_path, monkeypatch, said=None):

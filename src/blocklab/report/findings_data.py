@@ -9,7 +9,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from blocklab import folder, study_folder
+from blocklab import folder, ladder, study_folder
 from blocklab.errors import ConfigError
 from blocklab.hardware import source_commit
 from blocklab.paths import CONF_DIR
@@ -86,6 +86,15 @@ def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
     return " ".join(parts)
 
 
+def _first_command(name: str, scale, study: dict, results: list[dict]) -> dict:
+    """{"first": the launch of a token ladder's trunks, which runs before `command`} (blocklab/ladder.py), or {}."""
+    declared = study.get("ladder")
+    if not isinstance(declared, dict) or ladder.axis(declared) != "tokens":
+        return {}
+    trunks = [r.get("overrides", []) for r in results if f"study.rung={ladder.TRUNK}" in r.get("overrides", [])]
+    return {"first": _command(name, scale, trunks)} if trunks else {}
+
+
 def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], extra: dict | None = None) -> dict:
     """The setup of the runs, as the page states it."""
     import matplotlib
@@ -96,6 +105,7 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
     commits = sorted({r["commit"] for r in results if isinstance(r.get("commit"), str)})
     return {"format": FORMAT, "sweep": study_folder(name, scale), "study": {k: study.get(k) for k in STUDY_FIELDS},
             "command": _command(name, scale, [r.get("overrides", []) for r in results]),
+            **_first_command(name, scale, study, results),
             "report": f"python -m blocklab.report outputs/sweeps/{study_folder(name, scale)} --findings docs/findings",
             "scale": scale, "seeds": counts("seed"), "jobs": len(rows),
             "d_model": counts("model.d_model"), "n_layers": counts("model.n_layers"), "n_heads": counts("model.n_heads"),

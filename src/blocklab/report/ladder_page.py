@@ -2,9 +2,12 @@
 sizes with its transfer verdict, the decision accuracy between the smallest and the largest rung, and the
 loss-against-parameters figure (log-log, a fitted line per setting, the rungs' seed means with their range).
 
-Rows are the report's (collect.py): one per run, with its config flattened (`study.rung`), its `params` and
+Rows are the report's (collect.py): one per run, with its config flattened (`study.rung`), its `params`, `steps` and
 `final_val_loss`. N is a rung's parameter count as results.json records it (embeddings included), averaged over
-the setting's seeds at that rung (seeds do not change it). The statistics are report/scaling.py's.
+the setting's seeds at that rung (seeds do not change it). A token ladder (blocklab/ladder.py: one model, the
+cooldown branches of one wsd trunk per setting and seed) has training tokens D instead: a run's steps times the
+ladder's tokens_per_step, the fit L(D) = E + B D^-beta, and its trunk's rows left out of the fit (a trunk does not
+decay). The statistics and the axis's words are report/scaling.py's.
 
 A findings page (page_text.py) draws the section from its jsonl (`rows_of` its job lines; the header's study block
 keeps `ladder`), its figure beside it as <sweep>.ladder.png, and states the parametrization each run recorded (a run
@@ -16,6 +19,7 @@ from collections import Counter
 
 from markupsafe import Markup
 
+from blocklab import ladder
 from blocklab.report import scaling
 from blocklab.report.markdown import md
 from blocklab.report.scaling import Rung
@@ -24,6 +28,13 @@ METRIC = "final_val_loss"
 TITLE = "Does it hold at scale?"
 ANCHOR = "does-it-hold-at-scale"  # the heading's anchor as GitHub and most renderers make it
 DEFAULT_PARAM = "sp"  # a run that records no `param` ran before the group existed: the standard parametrization
+# What a token ladder's rungs are, said under its parametrization (the sweep file says the rest).
+TOKEN_AXIS = ("The rungs are training budgets of one model: D is a run's steps x {per_step:,} tokens. Each is a "
+              "cooldown branch of one warmup-stable-decay trunk per setting and seed (Hägele et al. 2024): it starts "
+              "from the trunk's state at its branch point and decays the learning rate over the last part of its own "
+              "steps. The rungs of a seed share their trunk's first steps, so they are not independent samples: the "
+              "bootstrap draws whole seeds. One width, one data order: this says how the gap moves as the budget "
+              "grows at this size, not across sizes.")
 
 
 def _setting(row: dict, keys: list[str]) -> str:
@@ -41,17 +52,31 @@ def _matches(row: dict, spec: dict) -> bool:
     return all(str(row.get(k)) == str(v) for k, v in spec.items())
 
 
+def axis_of(study: dict) -> scaling.Axis:
+    """The ladder's axis: parameters N, or a token ladder's training tokens D."""
+    return scaling.AXES[ladder.axis(study["ladder"])]
+
+
+def _x(row: dict, study: dict) -> int | None:
+    """A run's place on the axis: its parameter count, or its training tokens (steps x tokens per step)."""
+    if axis_of(study) is scaling.PARAMS:
+        return row.get("params")
+    steps = row.get("steps")
+    return steps * study["ladder"]["budget"]["tokens_per_step"] if isinstance(steps, int) else None
+
+
 def ladder_rungs(rows: list[dict], study: dict, metric: str = METRIC) -> dict[str, list[Rung]]:
     """{setting: its rungs, in the ladder's order}, from the finished runs; a setting missing a rung, or a rung
     without a finite loss, leaves that rung out for every setting (the fits compare the same sizes)."""
     keys, order = setting_keys(study), list(study["ladder"]["rungs"])
+    first = ladder.rung_names(study["ladder"])[0]  # a job that sets no study.rung: a token ladder's trunk
     cells: dict[str, dict[str, dict[int, tuple[float, float]]]] = {}
     for row in rows:
-        loss, params = row.get(metric), row.get("params")
-        if row.get("status") != "completed" or not isinstance(loss, (int, float)) or not isinstance(params, int):
+        loss, x = row.get(metric), _x(row, study)
+        if row.get("status") != "completed" or not isinstance(loss, (int, float)) or not isinstance(x, int):
             continue
-        rung = str(row.get("study.rung") or order[0])
-        cells.setdefault(_setting(row, keys), {}).setdefault(rung, {})[int(row.get("seed", 0))] = (params, loss)
+        rung = str(row.get("study.rung") or first)
+        cells.setdefault(_setting(row, keys), {}).setdefault(rung, {})[int(row.get("seed", 0))] = (x, loss)
     complete = [r for r in order if cells and all(cells[s].get(r) for s in cells)]
     return {setting: [Rung(sum(p for p, _ in by_rung[r].values()) / len(by_rung[r]),
                            {seed: loss for seed, (_, loss) in by_rung[r].items()}) for r in complete]
@@ -73,14 +98,14 @@ def claim_sides(rows: list[dict], study: dict) -> tuple[str | None, str | None]:
 
 
 @functools.lru_cache(maxsize=8)
-def _analysis(frozen: tuple, better: str | None, than: str | None, resamples: int):
+def _analysis(frozen: tuple, better: str | None, than: str | None, resamples: int, axis: scaling.Axis):
     """The fits, the claim's comparison (None without both sides) and the decision accuracy of one ladder: computed
     once per ladder and bootstrap size (a page, its figure and the index all read them)."""
     settings = {name: [Rung(n, dict(losses)) for n, losses in rungs] for name, rungs in frozen}
-    fitted = scaling.fits(settings, resamples)
-    comparison = (scaling.compare(settings, better, than, fitted=fitted)
+    fitted = scaling.fits(settings, resamples, axis=axis)
+    comparison = (scaling.compare(settings, better, than, fitted=fitted, axis=axis)
                   if better in settings and than in settings else None)
-    return settings, fitted, comparison, scaling.decision_accuracy(settings, resamples)
+    return settings, fitted, comparison, scaling.decision_accuracy(settings, resamples, axis=axis)
 
 
 def analysis(rows: list[dict], study: dict, resamples: int = scaling.RESAMPLES):
@@ -90,7 +115,7 @@ def analysis(rows: list[dict], study: dict, resamples: int = scaling.RESAMPLES):
         return None
     frozen = tuple((name, tuple((r.n, tuple(sorted(r.losses.items()))) for r in rungs))
                    for name, rungs in settings.items())
-    return _analysis(frozen, *claim_sides(rows, study), resamples)
+    return _analysis(frozen, *claim_sides(rows, study), resamples, axis_of(study))
 
 
 def for_the_claim(comparison: scaling.Comparison, better: str) -> str:
@@ -124,27 +149,33 @@ def ladder_section(rows: list[dict], study: dict, figure: str | None = None, res
     links), its PNG bytes for the caller to write beside the page (through blocklab.folder; png=False: the text
     alone). `guide`: the page that explains how to read the section, linked under its title."""
     found = analysis(rows, study, resamples)
+    axis = axis_of(study)
+    x, c, e = axis.symbol, axis.coefficient, axis.exponent
     lines = [f"### {TITLE}", ""]
     if guide:
         lines += [f"How to read this section: [reading a transfer verdict]({guide}).", ""]
     lines += [parametrization(rows), ""]
+    if axis is scaling.TOKENS:
+        lines += [TOKEN_AXIS.format(per_step=study["ladder"]["budget"]["tokens_per_step"]), ""]
     if found is None:
         return Markup("\n".join(lines + [f"Fewer than {scaling.MIN_RUNGS} rungs have every setting finished: no fit "
                                           "yet."]) + "\n"), None
     settings, fitted, comparison, accuracy = found
-    lines += [f"L(N) = E + A N^-alpha per setting, fitted to the mean {METRIC} of each rung (variable "
-              f"projection); intervals: {scaling.CONFIDENCE:.0%} bootstrap over seeds resampled within rungs "
-              f"({resamples} times).", "", "| setting | E | alpha | A | rungs |", "|---|---|---|---|---|"]
+    drawn_seeds = "whole seeds resampled, the same at every rung" if axis.whole_seeds else \
+        "seeds resampled within rungs"
+    lines += [f"L({x}) = E + {c} {x}^-{e} per setting, fitted to the mean {METRIC} of each rung (variable "
+              f"projection); intervals: {scaling.CONFIDENCE:.0%} bootstrap over {drawn_seeds} ({resamples} times).",
+              "", f"| setting | E | {e} | {c} | rungs |", "|---|---|---|---|---|"]
     for name, (point, boot) in fitted.items():
         p = scaling.parameter_intervals(point, boot)
-        bound = " (at a bound: E = 0 or alpha at its grid's end)" if point.at_bound else ""
+        bound = f" (at a bound: E = 0 or {e} at its grid's end)" if point.at_bound else ""
         lines.append(f"| {md(name)} | {_fmt(p['e'])} | {_fmt(p['alpha'])}{bound} | {point.a:.3g} | "
                      f"{len(settings[name])} |")
     if comparison is not None:
         better, than = comparison.a, comparison.b
         claim = (study.get("verdict") or {}).get("claim") or f"{better} beats {than}"
         lines += ["", f"Claim: {md(claim)}. Gap L({md(better)}) - L({md(than)}) (negative: the claim holds), "
-                  "fitted:", "", "| N | gap |", "|---|---|"]
+                  "fitted:", "", f"| {x} | gap |", "|---|---|"]
         for n, gap in comparison.gaps.items():
             measured = "" if n <= comparison.measured[-1] * 1.0001 else " (extrapolated)"
             lines.append(f"| {n:,.0f}{measured} | {_fmt(gap, 4)} |")
@@ -157,18 +188,19 @@ def ladder_section(rows: list[dict], study: dict, figure: str | None = None, res
                   f"order at both; DataDecide, Magnusson et al. 2025): {_fmt(accuracy, 2)}."]
     drawn = None
     if figure is not None:
-        drawn = draw(settings, fitted) if png else None
-        lines += ["", f"![loss against parameters]({figure})", "",
-                  f"*Loss against parameters, log-log: each rung's mean over seeds with the seeds' range, and each "
-                  f"setting's fitted L(N), dashed beyond the largest rung to {scaling.EXTRAPOLATE[-1]}x it.*"]
+        drawn = draw(settings, fitted, axis) if png else None
+        lines += ["", f"![loss against {axis.words}]({figure})", "",
+                  f"*Loss against {axis.words}, log-log: each rung's mean over seeds with the seeds' range, and each "
+                  f"setting's fitted L({x}), dashed beyond the largest rung to {scaling.EXTRAPOLATE[-1]}x it.*"]
     return Markup("\n".join(lines) + "\n"), drawn
 
 
 # ---------------------------------------------------------------- from a findings page's jsonl
 def rows_of(jobs: list[dict]) -> list[dict]:
-    """A findings file's job lines as the rows ladder_rungs reads (setting keys, seed, params, loss, param)."""
+    """A findings file's job lines as the rows ladder_rungs reads (setting keys, seed, params, steps, loss, param)."""
     return [{**(j.get("setting") or {}), "seed": j.get("seed"), "status": j.get("status"), "params": j.get("params"),
-             METRIC: j.get(METRIC), "param": (j.get("choices") or {}).get("param")} for j in jobs]
+             "steps": j.get("steps"), METRIC: j.get(METRIC), "param": (j.get("choices") or {}).get("param")}
+            for j in jobs]
 
 
 def figure_name(stem: str) -> str:
@@ -198,9 +230,9 @@ def holds(meta: dict, jobs: list[dict]) -> str | None:
     return None if found is None or found[2] is None else for_the_claim(found[2], found[2].a)
 
 
-def draw(settings: dict[str, list[Rung]], fitted: dict) -> bytes:
-    """Loss against parameters, log-log: each rung's seed mean with the seeds' range, and the fitted law to 100x
-    the largest rung (dashed beyond the measured range)."""
+def draw(settings: dict[str, list[Rung]], fitted: dict, axis: scaling.Axis = scaling.PARAMS) -> bytes:
+    """Loss against parameters (or training tokens), log-log: each rung's seed mean with the seeds' range, and the
+    fitted law to 100x the largest rung (dashed beyond the measured range)."""
     import matplotlib
     import matplotlib.ticker
 
@@ -226,7 +258,7 @@ def draw(settings: dict[str, list[Rung]], fitted: dict) -> bytes:
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())  # 2.5, not 2.5 x 10^0
     ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("parameters N")
+    ax.set_xlabel(f"{axis.words} {axis.symbol}")
     ax.set_ylabel(METRIC)
     ax.legend()
     fig.tight_layout()

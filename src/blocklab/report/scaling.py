@@ -25,6 +25,10 @@ the same order for every setting. Pure functions over numbers; no file, no plot.
   4. "holds but shrinks: crosses near N_x (interval)": otherwise: the winner at the largest rung wins by less at
      10x. N_x is the first sign change of the fitted gap beyond the largest rung (up to CROSS_SPAN times it); where
      the point fit does not cross, "no crossing within CROSS_SPANx" is said instead.
+- the axis (`Axis`): parameters N (a ladder of model sizes), or training tokens D (a token ladder: one model's wsd
+  cooldown branches, blocklab/ladder.py), where the law reads L(D) = E + B D^(-beta) (Hoffmann et al. 2022's data
+  term) and the verdict "as the budget grows"; the rungs of one seed there share their trunk, so the bootstrap draws
+  whole seeds (the same at every rung) rather than seeds within each rung.
 - `decision_accuracy`: the share of setting pairs whose order at the smallest rung agrees with their order at the
   largest, with its bootstrap interval (DataDecide, Magnusson et al. 2025: how often a small-scale decision is the
   one the large scale makes).
@@ -47,6 +51,22 @@ MIN_RUNGS = 3  # three parameters: fewer points than that and the law is not det
 GROWS, SHRINKS = "holds and grows", "holds but shrinks"
 REVERSES, UNDETERMINED = "reverses within the measured range", "undetermined"
 VERDICTS = (GROWS, SHRINKS, REVERSES, UNDETERMINED)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """What a ladder's rungs grow, as its page and verdict name it."""
+    symbol: str  # N or D
+    words: str  # what the symbol counts, for labels
+    coefficient: str  # the law's A or B
+    exponent: str  # its alpha or beta
+    growing: str  # said after a verdict that holds ("": model size, the verdicts as they always read)
+    whole_seeds: bool  # the rungs of one seed are one run's branches: the bootstrap draws a seed for every rung
+
+
+PARAMS = Axis("N", "parameters", "A", "alpha", "", False)
+TOKENS = Axis("D", "training tokens", "B", "beta", " as the budget grows", True)
+AXES = {"params": PARAMS, "tokens": TOKENS}  # by blocklab.ladder.axis's name
 
 
 @dataclass(frozen=True)
@@ -174,6 +194,7 @@ class Comparison:
     crossing_share: float  # the share of replicates that cross beyond the largest rung
     crossing_within: Interval  # the first sign change of the fitted gap between the smallest and largest rung
     measured: list[float] = field(default_factory=list)  # the measured rungs' N, smallest first
+    axis: Axis = PARAMS
 
     @property
     def kind(self) -> str:
@@ -191,14 +212,15 @@ class Comparison:
     @property
     def verdict(self) -> str:
         """The transfer verdict as a page states it: its kind, and where the settings cross."""
-        kind = self.kind
+        kind, x = self.kind, self.axis.symbol
+        said = f"{kind}{self.axis.growing}" if kind in (GROWS, SHRINKS) else kind
         if kind == SHRINKS:
             if self.crossing.value is None:
-                return f"{kind}: no crossing within {CROSS_SPAN}x the largest rung"
-            return f"{kind}: crosses near N_x = {_n(self.crossing.value)} ({_span(self.crossing)})"
+                return f"{said}: no crossing within {CROSS_SPAN}x the largest rung"
+            return f"{said}: crosses near {x}_x = {_n(self.crossing.value)} ({_span(self.crossing)})"
         if kind == REVERSES and self.crossing_within.value is not None:
-            return f"{kind}: crosses near N_x = {_n(self.crossing_within.value)} ({_span(self.crossing_within)})"
-        return kind
+            return f"{said}: crosses near {x}_x = {_n(self.crossing_within.value)} ({_span(self.crossing_within)})"
+        return said
 
     @property
     def ahead(self) -> str | None:
@@ -222,16 +244,23 @@ def _check(settings: dict[str, list[Rung]]) -> int:
     return lengths.pop()
 
 
-def resample_means(settings: dict[str, list[Rung]], resamples: int = RESAMPLES, seed: int = 0) -> dict[str, np.ndarray]:
+def resample_means(settings: dict[str, list[Rung]], resamples: int = RESAMPLES, seed: int = 0,
+                   whole_seeds: bool = False) -> dict[str, np.ndarray]:
     """Each setting's rung means over seeds drawn with replacement within each rung, (resamples, rungs) per setting.
-    Settings trained on the same seeds at a rung are drawn the same seeds there (a paired bootstrap)."""
+    Settings trained on the same seeds at a rung are drawn the same seeds there (a paired bootstrap). `whole_seeds`
+    (where every rung has the same seeds): one draw serves every rung, as the rungs of a seed are one run's."""
     rung_count = _check(settings)
     rng = np.random.default_rng(seed)
     out = {name: np.empty((resamples, rung_count)) for name in settings}
+    seed_sets = {tuple(sorted(rung.losses)) for rungs in settings.values() for rung in rungs}
+    whole = None
+    if whole_seeds and len(seed_sets) == 1:
+        count = len(next(iter(seed_sets)))
+        whole = rng.integers(0, count, size=(resamples, count))
     for r in range(rung_count):
         seed_sets = {name: sorted(rungs[r].losses) for name, rungs in settings.items()}
-        shared = None
-        if len({tuple(s) for s in seed_sets.values()}) == 1:
+        shared = whole
+        if shared is None and len({tuple(s) for s in seed_sets.values()}) == 1:
             count = len(next(iter(seed_sets.values())))
             shared = rng.integers(0, count, size=(resamples, count))
         for name, rungs in settings.items():
@@ -241,9 +270,9 @@ def resample_means(settings: dict[str, list[Rung]], resamples: int = RESAMPLES, 
     return out
 
 
-def fits(settings: dict[str, list[Rung]], resamples: int = RESAMPLES, seed: int = 0):
+def fits(settings: dict[str, list[Rung]], resamples: int = RESAMPLES, seed: int = 0, axis: Axis = PARAMS):
     """Each setting's point fit and its bootstrap fits: {name: (Fit, [Fit] * resamples)}."""
-    means = resample_means(settings, resamples, seed)
+    means = resample_means(settings, resamples, seed, axis.whole_seeds)
     out = {}
     for name, rungs in settings.items():
         ns = [rung.n for rung in rungs]
@@ -257,10 +286,10 @@ def parameter_intervals(point: Fit, boot: list[Fit]) -> dict[str, Interval]:
 
 
 def compare(settings: dict[str, list[Rung]], a: str, b: str, fitted=None, resamples: int = RESAMPLES,
-            seed: int = 0) -> Comparison:
+            seed: int = 0, axis: Axis = PARAMS) -> Comparison:
     """A against B: the fitted gap at the measured rungs and beyond, N_x, and through them the verdict.
     `fitted`: `fits(settings)` when already computed (the same bootstrap for every pair of a page)."""
-    fitted = fitted or fits({a: settings[a], b: settings[b]}, resamples, seed)
+    fitted = fitted or fits({a: settings[a], b: settings[b]}, resamples, seed, axis)
     (pa, ba), (pb, bb) = fitted[a], fitted[b]
     measured = [math.sqrt(ra.n * rb.n) for ra, rb in zip(settings[a], settings[b])]
     largest = measured[-1]
@@ -268,7 +297,7 @@ def compare(settings: dict[str, list[Rung]], a: str, b: str, fitted=None, resamp
     gaps = {n: _interval(float(pa(n) - pb(n)), [float(fa(n) - fb(n)) for fa, fb in zip(ba, bb)]) for n in where}
     beyond, share = _crossings(pa, pb, ba, bb, largest, largest * CROSS_SPAN)
     within, _ = _crossings(pa, pb, ba, bb, measured[0], largest)
-    return Comparison(a, b, pa, pb, gaps, beyond, share, within, measured)
+    return Comparison(a, b, pa, pb, gaps, beyond, share, within, measured, axis)
 
 
 def _crossings(pa: Fit, pb: Fit, ba: list[Fit], bb: list[Fit], low: float, high: float) -> tuple[Interval, float]:
@@ -296,14 +325,15 @@ def order_agreement(small: dict[str, float], large: dict[str, float]) -> float |
     return score / len(pairs)
 
 
-def decision_accuracy(settings: dict[str, list[Rung]], resamples: int = RESAMPLES, seed: int = 0) -> Interval:
+def decision_accuracy(settings: dict[str, list[Rung]], resamples: int = RESAMPLES, seed: int = 0,
+                      axis: Axis = PARAMS) -> Interval:
     """How often the smallest rung's order of two settings is the largest rung's (DataDecide's decision accuracy),
     with its bootstrap interval over seeds resampled within rungs."""
     if len(settings) < 2:
         return Interval(None, None, None)
     rung_count = _check(settings)
     point = order_agreement({k: r[0].mean for k, r in settings.items()}, {k: r[-1].mean for k, r in settings.items()})
-    means = resample_means(settings, resamples, seed)
+    means = resample_means(settings, resamples, seed, axis.whole_seeds)
     boot = [order_agreement({k: m[i, 0] for k, m in means.items()}, {k: m[i, rung_count - 1] for k, m in means.items()})
             for i in range(resamples)]
     return _interval(point, boot)

@@ -276,6 +276,10 @@ def check_study_folder(jobs: list[list[str]], configs: list[dict], folder: Path,
                           f"({too_long[0][:48]}...), over this file system's {limit}-byte limit; put the settings every "
                           "job shares in an experiment file (DIR/experiment/NAME.yaml, then hydra.searchpath=[file://DIR] "
                           "experiment=NAME), so fewer overrides name each job")
+    from blocklab.train.wsd import missing_trunks_error  # Lightning's import: only for a sweep file's launch
+
+    if missing := missing_trunks_error(folder, names, configs):  # a token ladder's branches need their trunks
+        raise ConfigError(missing)
     stale = []
     for job, config, name in zip(jobs, configs, names):
         run_dir = check(folder, name, "dir")  # a job folder planted as a link would take the job's files elsewhere

@@ -15,6 +15,7 @@ from blocklab import folder
 from blocklab.checkpoint import load_checkpoint
 from blocklab.errors import ConfigError
 from blocklab.experiment import Setup
+from blocklab.ladder import TRUNK_FROM, trunk_folder
 from blocklab.model.size import model_size
 from blocklab.results import CHECKPOINT, flatten
 from blocklab.schedule import branch_steps
@@ -66,7 +67,7 @@ def branch_start(setup: Setup) -> Branch | None:
     source, step = optim.get("branch_from"), optim.get("branch_step")
     if source is None:
         return None
-    trunk = Path(source)
+    trunk = trunk_of(setup.run_dir, setup.config)
     where = f"optim.branch_from={source}"
     if trunk.resolve() == setup.run_dir.resolve():
         raise ConfigError(f"{where} is this run's own folder; a branch writes a new run: choose another hydra.run.dir")
@@ -90,6 +91,33 @@ def branch_start(setup: Setup) -> Branch | None:
     if error := restore_error(state, setup.model_cfg):
         raise ConfigError(f"{trunk / branch_file(step)} cannot start a branch: {error}")
     return Branch(trunk / branch_file(step), step)
+
+
+def trunk_of(run_dir: Path, config: dict) -> Path:
+    """A branch's trunk folder: optim.branch_from, or for a token ladder's branch (rung:trunk) the trunk beside it
+    in its sweep folder (blocklab/ladder.py)."""
+    source = config["optim"]["branch_from"]
+    if source != TRUNK_FROM:
+        return Path(source)
+    try:
+        return trunk_folder(run_dir, str((config.get("study") or {}).get("rung")))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def missing_trunks_error(sweep: Path, names: list[str], configs: list[dict]) -> str | None:
+    """A launch's branches whose trunk (beside them in the sweep folder) has not kept their step yet, as one line:
+    the trunks run first, in a launch of their own (blocklab/ladder.py)."""
+    kept = [(trunk_of(sweep / name, config), branch_file(config["optim"]["branch_step"]))
+            for name, config in zip(names, configs) if config["optim"].get("branch_from") == TRUNK_FROM]
+    missing = [trunk / file for trunk, file in kept if not folder.exists(trunk, file)]
+    if not missing:
+        return None
+    study = configs[0]["study"]
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    return (f"{len(missing)} branches' trunks have not kept their checkpoints yet ({missing[0]}{more}): run the trunks "
+            f"first, python train.py -m sweep={study['name']} study.rung=trunk (with this launch's other overrides), "
+            "then this launch again")
 
 
 def _nested(flat: dict) -> dict:
