@@ -148,3 +148,21 @@ def test_the_moe_ladder_pairs_four_experts_with_a_dense_ffn_of_equal_active_size
                 (width, heads, 300, "mup")
             assert {k: v for k, v in dense.items() if k != "ffn"} == {k: v for k, v in moe.items() if k != "ffn"}
 
+
+@pytest.mark.slow
+def test_the_recipe_ladder_s_two_settings_are_the_recipe_sweep_s_corners():
+    """recipe_ladder compares experiment=llama_recipe and gpt2_recipe: each must compose the norm, act and pos the
+    1x recipe sweep's claim names (LLaMA: pre_rms, swiglu, rope; GPT-2: pre_ln, gelu, learned), and only those."""
+    corners = {"llama_recipe": ["norm=pre_rms", "act=swiglu", "pos=rope"],
+               "gpt2_recipe": ["norm=pre_ln", "act=gelu", "pos=learned"]}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        for name, groups in corners.items():
+            one_x = compose_job(["sweep=recipe", *groups, "seed=0", "run_dir=unused"])
+            ladder_job = compose_job(["sweep=recipe_ladder", f"experiment={name}", "study.rung=d64", "seed=0",
+                                      "run_dir=unused"])
+            for group in ("norm", "act", "pos"):
+                assert ladder_job[group] == one_x[group], (name, group)
+            alone = compose_job([f"experiment={name}", "run_dir=unused"])
+            plain = compose_job([*groups, "run_dir=unused"])
+            assert {k: v for k, v in alone.items() if k != "experiment"} == \
+                {k: v for k, v in plain.items() if k != "experiment"}

@@ -124,9 +124,10 @@ def test_the_committed_activations_ladder_page_has_its_section():
 
 
 
-@pytest.mark.parametrize("stem, base, settings", [("moe_ladder", "moe", ("dense", "moe"))])
+@pytest.mark.parametrize("stem, base, settings", [("moe_ladder", "moe", ("dense", "moe")),
+                                                  ("recipe_ladder", "recipe", ("gpt2_recipe", "llama_recipe"))])
 def test_a_committed_ladder_page_has_its_section_and_its_1x_page_links_it(stem, base, settings):
-    """moe_ladder, generated from their jsonl (test_findings re-renders them byte for byte): 30
+    """moe_ladder and recipe_ladder, generated from their jsonl (test_findings re-renders them byte for byte): 30
     runs under param=mup, a row per setting, the verdict, the decision accuracy and the figure; the 1x page and its
     index row carry the ladder's verdict."""
     page = (ROOT / f"docs/findings/{stem}.md").read_text(encoding="utf-8")
