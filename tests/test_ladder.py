@@ -131,3 +131,38 @@ def test_the_head_count_ladder_runs_under_mup_at_a_base_width_every_rung_allows(
                 assert (config.param.name, config.param.base_width) == ("mup", 192)
                 assert (config.model.d_model, config.model.n_heads, config.trainer.max_steps) == (width, heads, 300)
                 assert 192 % (width // heads) == 0
+
+
+@pytest.mark.slow
+def test_the_moe_ladder_pairs_four_experts_with_a_dense_ffn_of_equal_active_size_at_every_rung(tmp_path):
+    """moe_ladder: at each rung the two settings differ in the ffn group only, each expert the dense FFN's size
+    (d_ff null: 4 d_model, conf/model/tiny.yaml) with top-1 routing, so a token meets the same FFN parameters in
+    both (Fedus et al. 2021's equal-compute comparison, the 1x moe claim's)."""
+    assert len(sweep_jobs(["sweep=moe_ladder", f"hydra.sweep.dir={tmp_path}"])) == 2 * 5 * 3
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        for rung, (width, heads) in RUNGS.items():
+            dense, moe = (compose_job(["sweep=moe_ladder", f"ffn={ffn}", f"study.rung={rung}", "seed=0",
+                                       "run_dir=unused"]) for ffn in ("dense", "moe"))
+            assert (moe.ffn.experts, moe.ffn.top_k, moe.model.d_ff) == (4, 1, None) and dense.ffn.name == "dense"
+            assert (moe.model.d_model, moe.model.n_heads, moe.trainer.max_steps, moe.param.name) == \
+                (width, heads, 300, "mup")
+            assert {k: v for k, v in dense.items() if k != "ffn"} == {k: v for k, v in moe.items() if k != "ffn"}
+
+
+@pytest.mark.slow
+def test_the_recipe_ladder_s_two_settings_are_the_recipe_sweep_s_corners():
+    """recipe_ladder compares experiment=llama_recipe and gpt2_recipe: each must compose the norm, act and pos the
+    1x recipe sweep's claim names (LLaMA: pre_rms, swiglu, rope; GPT-2: pre_ln, gelu, learned), and only those."""
+    corners = {"llama_recipe": ["norm=pre_rms", "act=swiglu", "pos=rope"],
+               "gpt2_recipe": ["norm=pre_ln", "act=gelu", "pos=learned"]}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        for name, groups in corners.items():
+            one_x = compose_job(["sweep=recipe", *groups, "seed=0", "run_dir=unused"])
+            ladder_job = compose_job(["sweep=recipe_ladder", f"experiment={name}", "study.rung=d64", "seed=0",
+                                      "run_dir=unused"])
+            for group in ("norm", "act", "pos"):
+                assert ladder_job[group] == one_x[group], (name, group)
+            alone = compose_job([f"experiment={name}", "run_dir=unused"])
+            plain = compose_job([*groups, "run_dir=unused"])
+            assert {k: v for k, v in alone.items() if k != "experiment"} == \
+                {k: v for k, v in plain.items() if k != "experiment"}

@@ -123,6 +123,27 @@ def test_the_committed_activations_ladder_page_has_its_section():
     assert f"| [{holds}](activations_ladder.md#does-it-hold-at-scale); [" in row  # then activations_tokens
 
 
+
+@pytest.mark.parametrize("stem, base, settings", [("moe_ladder", "moe", ("dense", "moe")),
+                                                  ("recipe_ladder", "recipe", ("gpt2_recipe", "llama_recipe"))])
+def test_a_committed_ladder_page_has_its_section_and_its_1x_page_links_it(stem, base, settings):
+    """moe_ladder and recipe_ladder, generated from their jsonl (test_findings re-renders them byte for byte): 30
+    runs under param=mup, a row per setting, the verdict, the decision accuracy and the figure; the 1x page and its
+    index row carry the ladder's verdict."""
+    page = (ROOT / f"docs/findings/{stem}.md").read_text(encoding="utf-8")
+    meta, jobs = findings.read_jsonl(ROOT / f"docs/findings/{stem}.jsonl")
+    assert stem in page_text.ladders_of(base)  # its sweep file says `ladder_of: <base>`
+    assert "Parametrization: param=mup (30 of 30 runs): one learning rate serves every width" in page
+    for part in (*(f"| {s} | " for s in settings), "**Transfer verdict: ", "Decision accuracy",
+                 f"![loss against parameters]({stem}.ladder.png)"):
+        assert part in page, part
+    holds = ladder_page.holds(meta, jobs)
+    assert holds is not None  # the claim's two sides are both on the ladder
+    assert f"({stem}.md#does-it-hold-at-scale): {holds}." in (ROOT / f"docs/findings/{base}.md").read_text(encoding="utf-8")
+    index = (ROOT / "docs/findings/README.md").read_text(encoding="utf-8").splitlines()
+    row = next(line for line in index if f"| [{base}]({base}.md)" in line)  # moe's row links its 4x page too
+    assert f"| [{holds}]({stem}.md#does-it-hold-at-scale) | 3 |" in row
+
 def _index_folder(tmp_path, monkeypatch, said=None):
     monkeypatch.setattr(findings_index, "ladders_of", lambda name: ["x_ladder"] if name == "x" else [])
     if said is not None:
