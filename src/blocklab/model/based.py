@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.model.attention import ATTENTION_KINDS
-from blocklab.model.linear_attention import KernelAttention, RunningState, is_positive_int, key_valid, with_defaults
+from blocklab.model.linear_attention import (KernelAttention, RunningState, at_least_float32, is_positive_int,
+                                             key_valid, with_defaults)
 from blocklab.model.recurrent import grouped, recurrent_errors
 
 
@@ -131,12 +132,41 @@ class Taylor(KernelAttention):
                         f"dimension d')")
         return errs
 
+    def projected(self, x: Tensor) -> Tensor:
+        """x' = x W / d'^(1/4): the d' entries the Taylor map expands."""
+        return self.feature_proj(x) / self.feature_dim ** 0.25
+
     def features(self, x, is_query):
-        projected = self.feature_proj(x) / self.feature_dim ** 0.25
-        return taylor_features(projected), None
+        return taylor_features(self.projected(x)), None
 
     def rotate(self, q, k, ctx):
         return q, k
+
+    def chunk_scores(self, qc: Tensor, kc: Tensor) -> Tensor:
+        """phi(q).phi(k) within a chunk from the d' projected entries the features hold after their constant,
+        1 + s + s^2 / 2 with s = q'.k' (the constants' product: 0 at a padded key, whose features are zeros),
+        in place of the products of all 1 + d' + d' (d' + 1) / 2 features: the same kernel, ~10x fewer flops."""
+        s = qc[..., 1:1 + self.feature_dim] @ kc[..., 1:1 + self.feature_dim].transpose(-2, -1)
+        return qc[..., :1] * kc[..., :1].transpose(-2, -1) + s + s * s / 2
+
+    @at_least_float32
+    def attend(self, q, k, v, ctx, state):
+        """A causal pass of one chunk that keeps no state (training and evaluation at T <= chunk) is the chunked form's
+        within-chunk part alone, sum_j<=i (1 + s_ij + s_ij^2 / 2) [v_j, 1] with s = q'.k': it runs on the d' projected
+        entries, never forming the 1 + d' + d' (d' + 1) / 2 features (as fla's parallel_based; ~6x faster to train
+        at T = 64 on the CPU). Anything else (decoding, longer passes, attention weights) goes chunk by chunk."""
+        length = q.shape[-2]
+        causal = ctx.k_positions is not None and ctx.position_scheme.causal
+        if state is not None or ctx.need_weights or not causal or k.shape[-2] != length or length > self.chunk:
+            return super().attend(q, k, v, ctx, state)
+        s = grouped(self.projected(q), self.n_kv_heads) @ self.projected(k)[:, :, None].transpose(-2, -1)
+        scores = 1 + s + s * s / 2  # (B, Hkv, G, T, T)
+        valid = key_valid(ctx, length)
+        if valid is not None:  # padded keys weigh nothing (their features are zeros in the chunked form)
+            scores = scores.masked_fill(~valid[:, None, None, None, :], 0.0)
+        out = scores.tril() @ torch.cat((v, v.new_ones(*v.shape[:-1], 1)), dim=-1)[:, :, None]
+        num, den = out[..., :-1], out[..., -1:]
+        return (num / den.clamp_min(torch.finfo(den.dtype).tiny)).flatten(1, 2)
 
 
 @ATTENTION_KINDS.register("based")
