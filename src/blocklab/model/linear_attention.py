@@ -77,12 +77,12 @@ def prefix_sums(qf: Tensor, kf: Tensor, x: Tensor, held: Tensor | None, causal: 
     T, m), x (B, Hkv, T, e), held (B, Hkv, m, e) or None -> (out (B, Hkv, G, T, e), final H (B, Hkv, m, e)).
     `scores(qc, kc)`: the products qf_i.kf_j within a chunk, (..., C, m) x (..., C, m) -> (..., C, C), where a
     kind computes them cheaper than from its m features (default: qc kc^T)."""
-    if not causal:
+    if not causal or kf.shape[-2] == 1:  # one new key (a decoding step): the recurrence itself, H += kf x^T
         total = kf.transpose(-2, -1) @ x
         total = total if held is None else held + total
         return qf @ total[:, :, None], total
     length = kf.shape[-2]
-    chunk = min(chunk, length)  # a decoding step is one chunk of one token
+    chunk = min(chunk, length)  # a pass shorter than a chunk is one chunk
     # Zero features past the end add nothing; then (..., chunks, C, .)
     pad = -length % chunk  # (F.pad copies even when it adds nothing)
     qc, kc, xc = ((F.pad(t, (0, 0, 0, pad)) if pad else t).unflatten(-2, (-1, chunk)) for t in (qf, kf, x))
