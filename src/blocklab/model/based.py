@@ -22,8 +22,9 @@ feature projection at zero that path is the running mean of the values, which a 
 `false` sums them, as runs saved before the option did. The Taylor path reads q and k unrotated (no position scheme,
 as in Based's linear layers); the window path rotates them (RoPE) like softmax.
 
-Training: the linear path is linear_attention's chunked prefix sums; the window path runs in blocks of queries,
-each against the keys it can reach (block + window - 1), so time and memory are linear in the length. GQA/MQA: the
+Training: the linear path is linear_attention's chunked prefix sums (a pass of one chunk: the within-chunk form on
+the d' projected entries alone, Taylor.attend); the window path runs in blocks of queries, each against the keys it
+can reach (block + window - 1) through F.scaled_dot_product_attention, so time and memory are linear in the length. GQA/MQA: the
 query heads of a group share their K/V head's features, sums and window. Padding: padded keys get phi = 0 and no
 window weight (a padded query sees itself, so no softmax row is empty)."""
 import math
