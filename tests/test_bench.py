@@ -19,6 +19,7 @@ FIELDS = {
     "malloc": set(),
     "kernels": {"device"},
     "masked": {"threads"},
+    "debug_mqar": {"copy_runs_s"},
 }
 ROW_FIELDS = {
     "step": {"axis", "variant", "ms", "tokens_per_s", "gflop_per_step", "peak_fraction", "vs_nope"},
@@ -31,12 +32,15 @@ ROW_FIELDS = {
     "malloc": {"threads", "malloc", "ms_per_step", "faults_per_step", "vs_default"},
     "kernels": {"device", "precision", "length", "pos", "kernel", "ms", "vs_nope_auto", "peak_mb"},
     "masked": {"task", "logits at", "vocab", "positions", "ms_median", "ms_best"},
+    "debug_mqar": {"kind", "mqar_s", "copy_mha_s", "vs_copy_mha", "cpu_vs_copy_mha", "met"},
 }
 
 
-# startup and launch start many processes (~1 min each at tiny size)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("startup", "launch") else n
-                                  for n in BENCHMARKS])
+# startup, launch and debug_mqar start many processes (~1 min each at tiny size)
+SLOW = ("startup", "launch", "debug_mqar")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in BENCHMARKS])
 def test_benchmark_runs_at_tiny_size_and_writes_json(name, tmp_path):
     out = tmp_path / "bench.json"
     assert main([name, "--size", "tiny", "--out", str(out)]) == 0
@@ -54,6 +58,11 @@ def test_benchmark_runs_at_tiny_size_and_writes_json(name, tmp_path):
         assert sum(phases.values()) == pytest.approx(s["debug run, default logger (W&B offline): start to exit"],
                                                      abs=0.03)
         assert s["in it: wandb.init"] <= phases["1"] and s["in it: W&B run finish"] <= phases["4"]
+    if name == "debug_mqar":  # each kind timed between two copy runs, its ratio to their mean and the verdict on it
+        assert len(result["copy_runs_s"]) == len(result["rows"]) + 1
+        for row in result["rows"]:
+            assert row["vs_copy_mha"] == pytest.approx(row["mqar_s"] / row["copy_mha_s"], abs=0.01)
+            assert row["met"] == result["targets"][f"{row['kind']}_vs_copy_mha"]["met"]
     if name == "launch":  # every way ran the whole sweep and found what the others found
         assert [row["way"] for row in result["rows"]] == ["jobs one after another", "jobs side by side"]
         assert {row["runs"] for row in result["rows"]} == {4}

@@ -1,5 +1,5 @@
-"""`python -m blocklab.bench [step overhead startup attention decode activations launch malloc kernels masked] [--quick]
-[--out PATH]`:
+"""`python -m blocklab.bench [step overhead startup attention decode activations launch malloc kernels masked
+debug_mqar] [--quick] [--out PATH]`:
 runs the named benchmarks (all by default), prints a table per benchmark (or the tables it asks for),
 its notes and targets, and writes everything to one JSON file (default outputs/bench/bench-<time>.json,
 and each benchmark's latest result to outputs/bench/<name>.json, where the report looks for it)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from blocklab.bench.attention import attention
+from blocklab.bench.debug_mqar import debug_mqar
 from blocklab.bench.kernels import kernels
 from blocklab.bench.launch import launch
 from blocklab.bench.malloc import malloc
@@ -376,5 +377,6 @@ def activations(size: str = "full") -> dict:
 
 
 BENCHMARKS = {"step": step, "overhead": overhead, "startup": startup, "attention": attention, "decode": decode,
-              "activations": activations, "launch": launch, "malloc": malloc, "kernels": kernels, "masked": masked}
+              "activations": activations, "launch": launch, "malloc": malloc, "kernels": kernels, "masked": masked,
+              "debug_mqar": debug_mqar}
 

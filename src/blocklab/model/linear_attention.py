@@ -70,24 +70,29 @@ def is_positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def prefix_sums(qf: Tensor, kf: Tensor, x: Tensor, held: Tensor | None, causal: bool, chunk: int):
+def prefix_sums(qf: Tensor, kf: Tensor, x: Tensor, held: Tensor | None, causal: bool, chunk: int,
+                scores=None):
     """out_i = qf_i^T H_i with H_i = held + sum_j kf_j x_j^T over every key j (not causal), or over
     j <= i (causal: the new keys are the new queries), chunk by chunk. qf (B, Hkv, G, T, m), kf (B, Hkv,
-    T, m), x (B, Hkv, T, e), held (B, Hkv, m, e) or None -> (out (B, Hkv, G, T, e), final H (B, Hkv, m, e))."""
-    if not causal:
+    T, m), x (B, Hkv, T, e), held (B, Hkv, m, e) or None -> (out (B, Hkv, G, T, e), final H (B, Hkv, m, e)).
+    `scores(qc, kc)`: the products qf_i.kf_j within a chunk, (..., C, m) x (..., C, m) -> (..., C, C), where a
+    kind computes them cheaper than from its m features (default: qc kc^T)."""
+    if not causal or kf.shape[-2] == 1:  # one new key (a decoding step): the recurrence itself, H += kf x^T
         total = kf.transpose(-2, -1) @ x
         total = total if held is None else held + total
         return qf @ total[:, :, None], total
     length = kf.shape[-2]
-    chunk = min(chunk, length)  # a decoding step is one chunk of one token
+    chunk = min(chunk, length)  # a pass shorter than a chunk is one chunk
     # Zero features past the end add nothing; then (..., chunks, C, .)
-    qc, kc, xc = (F.pad(t, (0, 0, 0, -length % chunk)).unflatten(-2, (-1, chunk)) for t in (qf, kf, x))
+    pad = -length % chunk  # (F.pad copies even when it adds nothing)
+    qc, kc, xc = ((F.pad(t, (0, 0, 0, pad)) if pad else t).unflatten(-2, (-1, chunk)) for t in (qf, kf, x))
     sums = kc.transpose(-2, -1) @ xc  # (B, Hkv, N, m, e): each chunk's sum of kf x^T
     running = sums.cumsum(2)
     before = torch.cat((torch.zeros_like(sums[:, :, :1]), running[:, :, :-1]), dim=2)  # the chunks before each
     if held is not None:
         before, running = before + held[:, :, None], running + held[:, :, None]
-    within = (qc @ kc[:, :, None].transpose(-2, -1)).tril() @ xc[:, :, None]  # keys j <= i of the same chunk
+    pairs = qc @ kc[:, :, None].transpose(-2, -1) if scores is None else scores(qc, kc[:, :, None])
+    within = pairs.tril() @ xc[:, :, None]  # keys j <= i of the same chunk
     out = within + qc @ before[:, :, None]
     return out.flatten(-3, -2)[..., :length, :], running[:, :, -1]
 
@@ -150,6 +155,8 @@ class KernelAttention(Attention):
     def state_bytes_per_token(self, element_size: int) -> int:
         return 0  # a fixed-size state
 
+    chunk_scores = None  # prefix_sums' `scores`: a kind whose phi(q).phi(k) has a cheaper closed form sets it
+
     def new_state(self) -> RunningState:
         return RunningState()
 
@@ -181,7 +188,7 @@ class KernelAttention(Attention):
         # (query features, key features, what each key carries): numerator with v, denominator with 1.
         terms = [(qn, kn, v), (qf, kf, ones)] if rotated else [(qf, kf, torch.cat((v, ones), dim=-1))]
         held = state.sums if state is not None and state.sums else [None] * len(terms)
-        results = [prefix_sums(*term, h, causal, self.chunk) for term, h in zip(terms, held)]
+        results = [prefix_sums(*term, h, causal, self.chunk, self.chunk_scores) for term, h in zip(terms, held)]
         if state is not None:
             state.sums = [final for _, final in results]
         out = torch.cat([part for part, _ in results], dim=-1)
