@@ -80,16 +80,21 @@ def test_one_side_learns_needs_only_the_winner_to_have_learned_and_cost_only_has
 
 def test_the_answer_names_the_best_and_every_setting_not_distinguishable_from_it():
     """exact_match_in, higher is better. a = 0.90, 0.92, 0.91 is best; a - b = 0.01, -0.01, 0.01 (mean 0.0033, sd
-    0.0115: t = 0.5, p = 0.667) cannot be told from it; a - c = 0.80, 0.81, 0.80 (t = 240, p < 0.001) can, and stays
-    so under Holm over the two comparisons (2 x p)."""
+    0.0115: t = 0.5, p = 0.667) cannot be told from it. c did not learn its task, so it is compared with nothing (it
+    would be told apart: a - c = 0.80, 0.81, 0.80), and Holm runs over the one comparison left."""
     values = {"a": [0.90, 0.92, 0.91], "b": [0.89, 0.93, 0.90], "c": [0.10, 0.11, 0.11]}
     jobs = _jobs("exact_match_in", values, {"a": 0.95, "b": 0.95, "c": 0.1})
     meta = _meta("exact_match_in")
     text = page_text.answer_text(meta, jobs)
-    assert text.startswith("The highest exact_match_in is pos=a's, 0.910; not distinguishable from it at 3 seeds "
-                           "(paired by seed, Holm over 2 comparisons): pos=b (0.907).")
-    assert "pos=c" not in text
+    assert text == ("The highest exact_match_in is pos=a's, 0.910; not distinguishable from it at 3 seeds (paired by "
+                    "seed, Holm over 1 comparison): pos=b (0.907). 1 setting that did not learn its task is not "
+                    "compared.")
     assert page_text.short_answer(meta, jobs, 140) == "exact_match_in: a best (0.910), tied: b"
+    # c alone best, but it never learned; nor did the others: nothing is compared.
+    unlearned = _jobs("exact_match_in", {"a": [0.5, 0.5, 0.5], "c": [0.6, 0.7, 0.6]}, {"a": 0.5, "c": 0.6})
+    assert page_text.answer_text(meta, unlearned) == ("The highest exact_match_in is pos=c's, 0.633, but none of the 2 "
+                                                      "settings learned its task, so none is compared.")
+    assert page_text.short_answer(meta, unlearned, 140) == "exact_match_in: none learned (best c, 0.633)"
     line, rows = page_text.banner(meta, page_text.groups_of(meta, jobs))
     assert line == "Did every setting learn its task? No: 1 of 3 settings did not; a claim over them is not testable."
     assert rows == [["pos=c", "0 of 3", "in-distribution exact match 0.100 < 0.900 (0 of 3 seeds clear it)"]]

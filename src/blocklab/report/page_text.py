@@ -43,6 +43,7 @@ class Answer:
     others: int
     seeds: int
     learned: bool | None
+    left_out: int = 0  # settings that did not learn their task, so are not compared
 
 
 def _short(keys: list[str], key: tuple) -> str:
@@ -70,8 +71,13 @@ def answers(meta: dict, jobs: list[dict]) -> tuple[str, list[Answer]]:
                  if (v := stats.finite([metric_of(j, metric) for j in m]))}
         if not means:
             continue
+        # Only settings that learned their task (or whose learning is not judged) are compared: where none did,
+        # the best is named, flagged, and compared with nothing.
+        not_learned = [k for k in means if k in learn and not learn[k].learned]
+        if len(not_learned) < len(means):
+            means = {k: v for k, v in means.items() if k not in not_learned}
         best = (max if higher else min)(means, key=lambda k: (means[k], tuple(order(x) for x in k)))
-        others = [k for k in means if k != best]
+        others = [k for k in means if k != best and k not in not_learned]
         seeds = {j.get("seed"): metric_of(j, metric) for j in parts[part][best]}
         ps = []
         for k in others:
@@ -85,7 +91,8 @@ def answers(meta: dict, jobs: list[dict]) -> tuple[str, list[Answer]]:
         e = learn.get(best)
         out.append(Answer(part, setting_name(keys, best) or "all runs", _short(keys, best), means[best],
                           [f"{setting_name(keys, k)} ({stats.fmt(means[k])})" for k in ties], [_short(keys, k) for k in ties],
-                          len(others), len(parts[part][best]), None if e is None else e.learned))
+                          len(others), len(parts[part][best]), None if e is None else e.learned,
+                          len(not_learned)))
     return metric, out
 
 
@@ -99,8 +106,15 @@ def answer_text(meta: dict, jobs: list[dict]) -> str:
     for a in found:
         where = f"On {a.task}, the" if a.task is not None else "The"
         learned_note = " (it did not learn its task)" if a.learned is False else ""
+        if a.learned is False and a.left_out > 1:
+            said.append(f"{where} {way} {metric} is {a.best}'s, {stats.fmt(a.mean)}, but none of the {a.left_out} "
+                        "settings learned its task, so none is compared.")
+            continue
+        left = (f" {a.left_out} setting{'s' if a.left_out > 1 else ''} that did not learn {'their' if a.left_out > 1 else 'its'} task "
+                f"{'are' if a.left_out > 1 else 'is'} not compared." if a.left_out and a.learned is not False else "")
         if not a.others:
-            said.append(f"{where} only setting, {a.best}, has {metric} {stats.fmt(a.mean)}{learned_note}.")
+            said.append(f"{where} only setting{' that learned' if left else ''}, {a.best}, has {metric} "
+                        f"{stats.fmt(a.mean)}{learned_note}.{left}")
             continue
         ties = a.ties[:NAMED] + ([f"and {len(a.ties) - NAMED} more"] if len(a.ties) > NAMED else [])
         said.append(f"{where} {way} {metric} is {a.best}'s, {stats.fmt(a.mean)}{learned_note}; "
@@ -108,7 +122,7 @@ def answer_text(meta: dict, jobs: list[dict]) -> str:
                        f"Holm over {a.others} comparison{'s' if a.others != 1 else ''}): "
                        f"{'; '.join(ties)}." if a.ties else
                        ("the other setting is" if a.others == 1 else f"each of the other {a.others} settings is")
-                       + " distinguishable from it (paired by seed, Holm)."))
+                       + " distinguishable from it (paired by seed, Holm).") + left)
     return " ".join(said)
 
 
@@ -125,6 +139,8 @@ def short_answer(meta: dict, jobs: list[dict], limit: int) -> str:
 
     def one(a: Answer, ties: str, short) -> str:
         head = f"{a.task}: " if a.task is not None else ""
+        if a.learned is False and a.left_out > 1:
+            return f"{head}none learned (best {short(a.short)}, {stats.fmt(a.mean)})"
         if not a.others:
             return f"{head}{stats.fmt(a.mean)}".strip()
         more = f" +{len(a.shorts) - 3}" if len(a.shorts) > 3 else ""
