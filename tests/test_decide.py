@@ -247,3 +247,33 @@ def test_a_rounds_settings_launch_as_few_sweeps_as_give_exactly_them():
         ["model.n_heads=1", "task=lm"], ["model.n_heads=4", "task=copy"]]  # not a grid: 1/copy was not asked for
     assert launches({("a=1", "b=x"), ("a=2", "b=x"), ("a=1", "b=y"), ("a=2", "b=y"), ("c=[1,2]",)}) == [
         ["a=1,2", "b=x,y"], ["c=[1,2]"]]
+
+
+def test_decide_reads_steps_to_target_off_the_curves_as_the_page_does(monkeypatch):
+    """muon_lr's second claim is on steps_to_target, which no run records: the page reads it off each run's
+    val_loss_curve (report/targets.py), and decide must too, or it calls the claim not testable."""
+    import blocklab.report.collect as collect_module
+    import blocklab.report.findings_data as findings_data
+    from blocklab.decide import Sweep
+
+    sweep = Sweep(["sweep=muon_lr"])
+
+    def job(name: str, lr: float, seed: int, final: float) -> dict:
+        curve = [[0, 3.0], [100, 2.5], [200, final + 0.2], [300, final]]
+        return {"job": f"{name}-{lr}-{seed}", "setting": {"modification": name, "optim.lr": lr}, "seed": seed,
+                "status": "completed", "choices": {}, "overrides": [f"modification={name}", f"optim.lr={lr}"],
+                "metrics": {"final_val_loss": final}, "val_loss_curve": curve, "final_val_loss": final,
+                "references": None, "eval": []}
+
+    jobs = [job(name, lr, s, final + 0.01 * s) for name, lr, final in
+            (("baseline", 0.004, 2.0), ("optim-muon", 0.032, 1.9)) for s in range(3)]
+    monkeypatch.setattr(sweep, "dir", Path("."))
+    monkeypatch.setattr(collect_module, "collect", lambda root: [{"study": "muon_lr", "seed": j["seed"]} for j in jobs])
+    monkeypatch.setattr(findings_data, "records", lambda study, members, metrics: [dict(j, metrics=dict(j["metrics"]))
+                                                                                    for j in jobs])
+    steps = [j["metrics"]["steps_to_target"] for j in sweep.jobs()]
+    # baseline's target is its own mean final loss, 2.01: its seeds reach it between steps 200 and 300 (2.2 -> 2.0:
+    # at 295 for seed 0; 300 for seed 1; never for seed 2); Muon's 1.9-1.92 curves pass 2.01 between 200 and 300.
+    assert steps[:2] == pytest.approx([295.0, 300.0]) and steps[2] is None
+    assert all(isinstance(s, float) and 200 < s < 300 for s in steps[3:])
+    assert isinstance(sweep.observe(3)[1], list)  # a paired difference per seed, not "not recorded"

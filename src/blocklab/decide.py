@@ -20,7 +20,7 @@ from blocklab import folder
 from blocklab.errors import ConfigError, exit_on
 from blocklab.naming import override_key
 from blocklab.paths import CONF_DIR
-from blocklab.report import sequential
+from blocklab.report import sequential, targets
 from blocklab.report.claims import claims_hash
 
 DECIDE_FILE = "decide.json"
@@ -148,7 +148,9 @@ class Sweep:
         members = [r for r in collect(self.dir) if r.get("study") == self.name and r.get("status") != RUNNING
                    and (limit is None or (isinstance(r.get("seed"), int) and r["seed"] < limit))]
         metrics = sorted({c["metric"] for c in self.claims if isinstance(c, dict) and isinstance(c.get("metric"), str)})
-        return records(self.study, members, metrics)
+        jobs = records(self.study, members, metrics)
+        targets.apply({"study": self.study}, jobs)  # steps_to_target, read off the curves as the page reads it
+        return jobs
 
     def run(self, numbers: list[int] | None, seeds: list[int]) -> None:
         if numbers is None:
