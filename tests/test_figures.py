@@ -283,3 +283,16 @@ def test_by_choice_ticks_are_the_values_the_sweep_chose():
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.0003", "0.001", "0.003", "0.01"]
     assert list(ax.get_xticks(minor=True)) == []
+
+
+def test_a_log_axis_over_ten_decades_still_has_tick_labels():
+    """init_depth's activation RMS grows from 0.02 to 1e8 through 48 layers: matplotlib's LogLocator with 1, 2, 5 per
+    decade thins such an axis to no tick at all, and the page's figure had an unlabelled y axis."""
+    rows = [{"run": f"/nowhere/{s}", "seed": s, "status": "completed", "init": "xavier",
+             "layers_init": {"activation_rms": [0.02 * 10 ** (layer / 5) for layer in range(48)]}} for s in (0, 1)]
+    _, fig = figures.figure(rows, {"kind": "by_layer", "metric": "activation_rms", "by": ["init"], "when": "init"})
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert "1" in labels and "1e+06" in labels

@@ -44,14 +44,14 @@ def _fmt_rate(value) -> str:
     return "-" if value is None else f"{value:,.0f}"  # None: no step was trained (trainer.max_steps=0)
 
 
-def _finite(value):
-    """JSON has no NaN/Infinity: a diverged loss is written as null."""
+def json_safe(value):
+    """JSON has no NaN/Infinity: a diverged loss (or an activation that overflowed) is written as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -66,7 +66,7 @@ def write_results(run_dir: Path, results: dict) -> Path:
     """Write atomically, so a reader never sees half a file; a full disk is a clear error."""
     path = Path(run_dir) / RESULTS_FILE
     try:
-        folder.write_json(run_dir, RESULTS_FILE, _finite(results))
+        folder.write_json(run_dir, RESULTS_FILE, json_safe(results))
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise ConfigError(f"cannot write {path}: {os.strerror(err.errno)}; free disk space or set "

@@ -9,6 +9,7 @@ tradeoff), cost against length (figures_cost.py, exercise 1.1), the registry's a
 sweep's two (recall.py), and learning-rate sensitivity's two (figures_lr.py). `figure` returns the matplotlib Figure
 itself (what the tests inspect); `drawn` its PNG."""
 import io
+import math
 from pathlib import Path
 
 import matplotlib
@@ -112,7 +113,11 @@ def _plain_log_ticks(ax) -> None:
     for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
         if scale == "log":
             if axis is ax.yaxis:  # 1, 2, 5 per decade: an axis spanning less than a decade still has labels
-                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+                low, high = ax.get_ylim()
+                # over many decades LogLocator thins to every k-th decade, and then draws no tick at all where
+                # it has several subs: powers of ten alone there (a 48-layer activation grows 10 decades)
+                wide = low > 0 and math.log10(high / low) > 4
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0,) if wide else (1.0, 2.0, 5.0)))
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             axis.set_minor_formatter(NullFormatter())
 

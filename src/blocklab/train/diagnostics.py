@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from blocklab import folder
+from blocklab.results import json_safe
 from blocklab.analysis.plots import attention_heatmaps
 from blocklab.analysis.probe import forward_stats, logit_growth, probe_gradients, sublayer_gradient_norms, summarize
 
@@ -67,7 +68,9 @@ class Diagnostics(Callback):
 
     def _save(self, trainer) -> None:
         if trainer.is_global_zero:
-            folder.write_json(self.out_dir.parent, Path(self.out_dir.name) / "history.json", self.history, indent=None)
+            # an overflowing model (48 layers, no norm) measures inf: null, not a crash that loses the run
+            folder.write_json(self.out_dir.parent, Path(self.out_dir.name) / "history.json", json_safe(self.history),
+                              indent=None)
 
     def _logit_point(self, model, step: int) -> None:
         """The logit-growth point at `step`, once; none for weights already non-finite (the run diverged) or a
