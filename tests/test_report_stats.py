@@ -147,6 +147,12 @@ def test_the_smallest_difference_detectable_at_80_percent_power():
     assert stats.detectable(1.0, 1) is None
 
 
+def test_a_confidence_near_100_percent_keeps_the_digits_that_tell_it_from_100():
+    assert stats.confidence(0.05) == "95%" and stats.confidence(0.0167) == "98.3%"
+    # muon_lr's first group-sequential look tests at 0.000112: its interval is 99.99% (99.9888), not "100%"
+    assert stats.confidence(0.000112) == "99.99%" and stats.confidence(0.00229) == "99.8%"
+
+
 def test_numbers_keep_their_difference_when_written():
     assert stats.fmt(0.8514) == "0.851" and stats.fmt(123456.7) == "123,457"
     # Two small, different values (a rare-event rate, a tiny gradient) must not both read 0.000.

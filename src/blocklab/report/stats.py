@@ -192,8 +192,12 @@ def p_is(p: float) -> str:
 
 
 def confidence(level: float) -> str:
-    """The confidence 1 - level as a percentage: 95%, 98.3%, 99.2%."""
-    return f"{100 * (1 - level):.3g}%"
+    """The confidence 1 - level as a percentage: 95%, 98.3%, 99.2%; a level near 0 keeps the digits that tell it
+    from 100% (99.99%, a group-sequential first look's)."""
+    digits = 3
+    while digits < 12 and level > 0 and f"{100 * (1 - level):.{digits}g}" == "100":
+        digits += 1
+    return f"{100 * (1 - level):.{digits}g}%"
 
 
 def fmt(x: float | None, like: float | None = None) -> str:
