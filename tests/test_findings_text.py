@@ -95,6 +95,12 @@ def test_the_answer_names_the_best_and_every_setting_not_distinguishable_from_it
     assert page_text.answer_text(meta, unlearned) == ("The highest exact_match_in is pos=c's, 0.633, but none of the 2 "
                                                       "settings learned its task, so none is compared.")
     assert page_text.short_answer(meta, unlearned, 140) == "exact_match_in: none learned (best c, 0.633)"
+    one = _jobs("exact_match_in", {"a": [0.95, 0.96, 0.97], "c": [0.6, 0.7, 0.6]}, {"a": 0.95, "c": 0.6})
+    assert page_text.short_answer(meta, one, 140) == "exact_match_in: a (0.960), the only one learned"
+    # A question about cost alone (cost_only: attention_cost's 20 steps train nothing) compares every setting.
+    times = _jobs("ms_per_step", {"a": [10.0, 11.0, 12.0], "b": [20.0, 22.5, 21.0]}, {"a": 0.0, "b": 0.0})
+    assert page_text.short_answer(_meta("ms_per_step", cost_only=True), times, 140) == "ms_per_step: a best (11.000)"
+    assert page_text.short_answer(_meta("ms_per_step"), times, 140) == "ms_per_step: none learned (best a, 11.000)"
     line, rows = page_text.banner(meta, page_text.groups_of(meta, jobs))
     assert line == "Did every setting learn its task? No: 1 of 3 settings did not; a claim over them is not testable."
     assert rows == [["pos=c", "0 of 3", "in-distribution exact match 0.100 < 0.900 (0 of 3 seeds clear it)"]]

@@ -127,17 +127,20 @@ def test_the_committed_activations_ladder_page_has_its_section():
 @pytest.mark.parametrize("stem, base, settings", [("moe_ladder", "moe", ("dense", "moe")),
                                                   ("recipe_ladder", "recipe", ("gpt2_recipe", "llama_recipe")),
                                                   ("attention_kinds_ladder", "attention_kinds",
-                                                   ("deltanet", "gla", "linear", "mha"))])
+                                                   ("deltanet", "gla", "linear", "mha")),
+                                                  ("modifications_ladder", "modifications",
+                                                   ("attn-linear", "baseline", "norm-deepnorm", "pos-learned",
+                                                    "pos-none", "pos-t5_bias"))])
 def test_a_committed_ladder_page_has_its_section_and_its_1x_page_links_it(stem, base, settings):
-    """moe_ladder, recipe_ladder and attention_kinds_ladder, generated from their jsonl (test_findings re-renders them
-    byte for byte): 15 runs a setting under param=mup, a row per setting, the verdict, the decision accuracy and the
+    """moe_ladder, recipe_ladder, attention_kinds_ladder and modifications_ladder, generated from their jsonl
+    (test_findings re-renders them byte for byte): 15 runs a setting under param=mup, a row per setting, the verdict, the decision accuracy and the
     figure; the 1x page and its index row carry the ladder's verdict."""
     page = (ROOT / f"docs/findings/{stem}.md").read_text(encoding="utf-8")
     meta, jobs = findings.read_jsonl(ROOT / f"docs/findings/{stem}.jsonl")
     assert stem in page_text.ladders_of(base)  # its sweep file says `ladder_of: <base>`
     assert f"Parametrization: param=mup ({len(jobs)} of {len(jobs)} runs): one learning rate serves every width" \
         in page
-    assert len(jobs) == 30 * (len(settings) // 2)  # 5 rungs x 3 seeds per setting
+    assert len(jobs) == 15 * len(settings)  # 5 rungs x 3 seeds per setting
     for part in (*(f"| {s} | " for s in settings), "**Transfer verdict: ", "Decision accuracy",
                  f"![loss against parameters]({stem}.ladder.png)"):
         assert part in page, part

@@ -33,7 +33,8 @@ EXPECTED_JOBS = {"head_count": 36, "pe_copy": 21, "pe_addition": 21, "pe_lm": 21
                  "value_residual_depth": 18, "muon_lr": 42,
                  "attention_patterns": 12, "mlm_nsp": 6, "recall": 90, "context_extension": 54,
                  "activations_ladder": 45, "head_count_ladder": 30, "moe_ladder": 30,
-                 "recipe_ladder": 30, "activations_tokens": 36, "attention_kinds_ladder": 60}
+                 "recipe_ladder": 30, "activations_tokens": 36, "attention_kinds_ladder": 60,
+                 "modifications_ladder": 90}
 
 
 def expand(name: str) -> list[list[str]]:

@@ -59,7 +59,9 @@ def answers(meta: dict, jobs: list[dict]) -> tuple[str, list[Answer]]:
     keys, metric = keys_of(meta), verdict_metric(meta)
     groups = groups_of(meta, jobs)
     groups = at_best(meta, groups, tuned(meta, groups))
-    learn = learned(groups)
+    verdict = meta["study"].get("verdict")
+    # a question about cost alone (cost_only: speed, memory) has no learning gate, as its claim has none
+    learn = {} if isinstance(verdict, dict) and verdict.get("cost_only") is True else learned(groups)
     higher = _direction(metric) is not False
     parts: dict = {}
     for key, members in groups.items():
@@ -141,6 +143,8 @@ def short_answer(meta: dict, jobs: list[dict], limit: int) -> str:
         head = f"{a.task}: " if a.task is not None else ""
         if a.learned is False and a.left_out > 1:
             return f"{head}none learned (best {short(a.short)}, {stats.fmt(a.mean)})"
+        if not a.others and a.left_out:
+            return f"{head}{short(a.short)} ({stats.fmt(a.mean)}), the only one learned"
         if not a.others:
             return f"{head}{stats.fmt(a.mean)}".strip()
         more = f" +{len(a.shorts) - 3}" if len(a.shorts) > 3 else ""
