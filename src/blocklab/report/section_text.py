@@ -1,7 +1,8 @@
 """The sentences of a study's HTML section (report/build.py): whether every setting learned its task (before any
 conclusion about one: only the settings that learned are compared, on every metric), what the numbers show per
 metric (the best setting against every other, paired by seed, a winner only where the paired t-test rejects under
-Holm's correction over those comparisons), its budget, and the caveats its runs carry (jobs side by side, several machines).
+Holm's correction over those comparisons), its budget, and the caveats its runs carry (jobs side by side, several
+machines).
 Computed from the collected rows; the findings pages judge claims in judge.py."""
 from collections import Counter
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
     paired by seed: the mean per-seed difference, its paired t-interval at the Holm level over these comparisons,
     and the Holm-adjusted p. A winner is named only where Holm rejects "no difference". Degenerate cases read as
     sentences: every run scores the same, one seed per setting, one setting."""
-    groups = {key: members for key, members in group(rows, keys).items()}
+    groups = group(rows, keys)
     estimates = [(key, stats.estimate([_value(m, metric) for m in members])) for key, members in groups.items()]
     estimates = [(key, e) for key, e in estimates if e is not None]
     if not estimates:
@@ -66,10 +67,9 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
     better = "better" if higher is not None else "higher"
     tied = [key for key, e in ordered[1:] if sorted(e.values) == sorted(best.values)]
     compared = [(key, e, _paired(groups[best_key], groups[key], metric)) for key, e in ordered[1:] if key not in tied]
-    levels = iter(stats.holm([p.p if p else None for _, _, p in compared]))
+    levels = stats.holm([p.p if p else None for _, _, p in compared])
     details, apart = [], []
-    for key, e, p in compared:
-        h = next(levels)
+    for (key, e, p), h in zip(compared, levels):
         if p is None:
             details.append(f"{_name(keys, key)}: {stats.mean_interval(e)}; fewer than 2 seeds shared with the {word}, "
                            "so not tested.")
