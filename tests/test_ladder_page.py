@@ -68,7 +68,7 @@ def test_the_claim_s_side_decides_yes_or_no():
     """The same measured order said of opposite claims: "a beats b" holds; "b beats a" is a no, b trailing."""
     rows = ladder_page.rows_of(_jobs(CROSSING))
     for better, than, said in (("a", "b", "yes: reverses"), ("b", "a", "no: a ahead, reverses")):
-        comparison = ladder_page.analysis(rows, _study("x", better, than), resamples=200)[2]
+        comparison = ladder_page.analysis(rows, _study("x", better, than), resamples=200)[2][0]
         assert ladder_page.for_the_claim(comparison, better).startswith(said)
 
 
@@ -224,10 +224,46 @@ def test_the_guide_s_example_is_read_from_the_committed_ladder(tmp_path):
     _write(tmp_path / f"{verdict_guide.EXAMPLE}.jsonl", _study(verdict_guide.EXAMPLE), _jobs(CROSSING))
     guide = verdict_guide.render_guide(tmp_path)
     meta, jobs = findings.read_jsonl(tmp_path / f"{verdict_guide.EXAMPLE}.jsonl")
-    comparison = ladder_page.analysis(ladder_page.rows_of(jobs), meta["study"])[2]
+    comparison = ladder_page.analysis(ladder_page.rows_of(jobs), meta["study"])[2][0]
     n_x = comparison.crossing_within
     assert f"**reverses within the measured range: crosses near N_x = {n_x.value:.3g}" in guide
     assert "Said of the claim: yes: reverses within the measured range" in guide
     assert "Decision accuracy over its 1 setting pairs: 0.00 [0.00, 0.00]." in guide
     committed = (ROOT / "docs/findings/transfer_verdicts.md").read_text(encoding="utf-8")
     assert committed == verdict_guide.render_guide(ROOT / "docs/findings")
+
+
+def _with_bar(jobs: list[dict], bar: float) -> list[dict]:
+    """The runs with an LM's learned bar recorded, as a run's task states it (a loss below `bar`)."""
+    refs = {"learned": [{"name": "bigram", "metric": "loss", "value": bar}], "lines": []}
+    return [{**j, "references": refs} for j in jobs]
+
+
+def test_a_setting_that_did_not_learn_at_a_rung_is_left_out_and_its_claim_is_not_testable(tmp_path):
+    """a's law sits at 3.84 at the smallest rung, above the bar 3.5, and below it at every other rung: a is left out
+    of the fits, the claim "a beats b" is not testable across sizes, and the claim "b beats c" (c is b + 0.2, every
+    rung below the bar) keeps its verdict: b ahead at the largest rung."""
+    study = _study("x")
+    study["verdict"]["also"] = [{"claim": "b beats c", "metric": "final_val_loss", "better": {"act": "b"},
+                                 "than": {"act": "c"}}]
+    laws = {**CROSSING, "c": lambda n: B_LAW(n) + 0.2}
+    data = _write(tmp_path / "x.jsonl", study, _with_bar(_jobs(laws), 3.5))
+    findings.write_page(data)
+    page = (tmp_path / "x.md").read_text(encoding="utf-8")
+    section = page[page.index("### Does it hold at scale?"):page.index("**Question.**")]
+    assert "| a | r0 | 0 of 3 | validation loss 3.8" in section  # listed with its rung and why
+    assert "| a | " not in section.split("| setting | E |")[1]  # and not fitted
+    assert "| b | " in section.split("| setting | E |")[1] and "| c | " in section.split("| setting | E |")[1]
+    assert ("Claim 1: a beats b. **Transfer verdict: not testable**: a did not learn its task at r0; said of the "
+            "claim (the findings index's \"holds at scale?\"): not testable.") in section
+    assert "Claim 2: b beats c. Gap L(b) - L(c)" in section and "(b ahead at the largest rung)" in section
+    meta, jobs = findings.read_jsonl(data)
+    said = ladder_page.holds(meta, jobs)
+    assert said.startswith("not testable: a did not learn its task at r0 (the other claim: 1 yes")
+
+
+def test_a_ladder_where_no_setting_learned_at_every_rung_fits_nothing():
+    rows = ladder_page.rows_of(_with_bar(_jobs(CROSSING), 2.1))  # a and b are above 2.1 at the smaller rungs
+    text, png = ladder_page.ladder_section(rows, _study("x"), figure="x.ladder.png", resamples=50)
+    assert "No setting learned at every rung: nothing to fit." in text and png is None
+    assert "**Transfer verdict: not testable**" in text

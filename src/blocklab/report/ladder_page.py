@@ -1,6 +1,8 @@
-"""A ladder sweep's section of its findings page: each setting's fitted L(N) = E + A N^-alpha, the claim's gap across
+"""A ladder sweep's section of its findings page: each setting's fitted L(N) = E + A N^-alpha, each claim's gap across
 sizes with its transfer verdict, the decision accuracy between the smallest and the largest rung, and the
 loss-against-parameters figure (log-log, a fitted line per setting, the rungs' seed means with their range).
+Only settings that learned their task at every rung are fitted (report/learned.py's bar, as on every findings page):
+the others are listed with the rungs where they did not, and a claim on one of them is not testable across sizes.
 
 Rows are the report's (collect.py): one per run, with its config flattened (`study.rung`), its `params`, `steps` and
 `final_val_loss`. N is a rung's parameter count as results.json records it (embeddings included), averaged over
@@ -20,13 +22,14 @@ from collections import Counter
 from markupsafe import Markup
 
 from blocklab import ladder
-from blocklab.report import scaling
+from blocklab.report import learned, scaling
 from blocklab.report.markdown import md
 from blocklab.report.scaling import Rung
 
 METRIC = "final_val_loss"
 TITLE = "Does it hold at scale?"
 ANCHOR = "does-it-hold-at-scale"  # the heading's anchor as GitHub and most renderers make it
+LEARNING_KEYS = ("references", "eval", "metrics", "in_distribution_exact_match")  # what report/learned.py reads
 DEFAULT_PARAM = "sp"  # a run that records no `param` ran before the group existed: the standard parametrization
 # What a token ladder's rungs are, said under its parametrization (the sweep file says the rest).
 TOKEN_AXIS = ("The rungs are training budgets of one model: D is a run's steps x {per_step:,} tokens. Each is a "
@@ -83,6 +86,44 @@ def ladder_rungs(rows: list[dict], study: dict, metric: str = METRIC) -> dict[st
             for setting, by_rung in sorted(cells.items())}
 
 
+def not_learned(rows: list[dict], study: dict) -> dict[str, list[tuple[str, learned.Learning]]]:
+    """{setting: [(rung, its Learning)] for each rung where it did not learn its task} (report/learned.py's bar, as
+    every findings page judges it). A fit of a setting that did not learn at some size describes no model of its
+    task, and a gap against it measures the failure, so such a setting is left out of the fits and the verdict."""
+    keys, order = setting_keys(study), ladder.rung_names(study["ladder"])
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        rung = str(row.get("study.rung") or order[0])
+        if row.get("status") in ("completed", "diverged") and rung in order:
+            groups.setdefault((_setting(row, keys), rung), []).append(row)
+    failed: dict[str, list[tuple[str, learned.Learning]]] = {}
+    for (setting, rung), members in sorted(groups.items(), key=lambda g: (g[0][0], order.index(g[0][1]))):
+        if (e := learned.learning(members)) is not None and not e.learned:
+            failed.setdefault(setting, []).append((rung, e))
+    return failed
+
+
+def claims(study: dict) -> list[dict]:
+    """The study's registered claims: its verdict, then each of its `also`."""
+    verdict = study.get("verdict")
+    return [verdict, *(verdict.get("also") or [])] if isinstance(verdict, dict) else []
+
+
+def claim_sides(rows: list[dict], study: dict, claim: dict | None = None) -> tuple[str | None, str | None]:
+    """The settings a claim (default: the study's first) names: (better, than), each None where no row matches."""
+    claim, keys = claim if claim is not None else (study.get("verdict") or {}), setting_keys(study)
+    return tuple(next((_setting(r, keys) for r in rows if _matches(r, spec)), None)
+                 if isinstance(spec := claim.get(side), dict) and spec else None for side in ("better", "than"))
+
+
+def untestable(rows: list[dict], study: dict, claim: dict | None = None) -> str | None:
+    """Why a claim's transfer verdict is not testable (a side did not learn at some rung), or None."""
+    failed = not_learned(rows, study)
+    lost = [f"{side} did not learn its task at {', '.join(rung for rung, _ in failed[side])}"
+            for side in claim_sides(rows, study, claim) if side in failed]
+    return "; ".join(lost) or None
+
+
 def _fmt(interval: scaling.Interval, digits: int = 3) -> str:
     if interval.value is None:
         return "-"
@@ -90,32 +131,28 @@ def _fmt(interval: scaling.Interval, digits: int = 3) -> str:
     return f"{interval.value:.{digits}f}{span}"
 
 
-def claim_sides(rows: list[dict], study: dict) -> tuple[str | None, str | None]:
-    """The settings the study's first claim names: (better, than), each None where no row matches its spec."""
-    verdict, keys = study.get("verdict") or {}, setting_keys(study)
-    return tuple(next((_setting(r, keys) for r in rows if _matches(r, spec)), None)
-                 if isinstance(spec := verdict.get(side), dict) and spec else None for side in ("better", "than"))
-
-
 @functools.lru_cache(maxsize=8)
-def _analysis(frozen: tuple, better: str | None, than: str | None, resamples: int, axis: scaling.Axis):
-    """The fits, the claim's comparison (None without both sides) and the decision accuracy of one ladder: computed
+def _analysis(frozen: tuple, sides: tuple, resamples: int, axis: scaling.Axis):
+    """The fits, each claim's comparison (None without both sides) and the decision accuracy of one ladder: computed
     once per ladder and bootstrap size (a page, its figure and the index all read them)."""
     settings = {name: [Rung(n, dict(losses)) for n, losses in rungs] for name, rungs in frozen}
     fitted = scaling.fits(settings, resamples, axis=axis)
-    comparison = (scaling.compare(settings, better, than, fitted=fitted, axis=axis)
-                  if better in settings and than in settings else None)
-    return settings, fitted, comparison, scaling.decision_accuracy(settings, resamples, axis=axis)
+    comparisons = tuple(scaling.compare(settings, better, than, fitted=fitted, axis=axis)
+                        if better in settings and than in settings else None for better, than in sides)
+    return settings, fitted, comparisons, scaling.decision_accuracy(settings, resamples, axis=axis)
 
 
 def analysis(rows: list[dict], study: dict, resamples: int = scaling.RESAMPLES):
-    """(settings, fits, the claim's Comparison or None, decision accuracy), or None below MIN_RUNGS complete rungs."""
-    settings = ladder_rungs(rows, study)
+    """(settings, fits, each claim's Comparison or None, in `claims` order, decision accuracy), or None below
+    MIN_RUNGS complete rungs. A setting that did not learn at some rung (`not_learned`) is left out of all of them."""
+    failed, keys = not_learned(rows, study), setting_keys(study)
+    settings = ladder_rungs([r for r in rows if _setting(r, keys) not in failed], study)
     if len(next(iter(settings.values()), [])) < scaling.MIN_RUNGS:
         return None
     frozen = tuple((name, tuple((r.n, tuple(sorted(r.losses.items()))) for r in rungs))
                    for name, rungs in settings.items())
-    return _analysis(frozen, *claim_sides(rows, study), resamples, axis_of(study))
+    sides = tuple(claim_sides(rows, study, claim) for claim in claims(study))
+    return _analysis(frozen, sides, resamples, axis_of(study))
 
 
 def for_the_claim(comparison: scaling.Comparison, better: str) -> str:
@@ -143,6 +180,27 @@ def parametrization(rows: list[dict]) -> str:
             "under param=mup would separate the two.")
 
 
+def _claim_lines(claim: dict, comparison: scaling.Comparison | None, why: str | None, axis: scaling.Axis,
+                 label: str, first: bool) -> list[str]:
+    """One claim's part of the section: its fitted gap across the rungs and its transfer verdict, or why it is not
+    testable (a side did not learn at some rung); nothing where the ladder lacks a side."""
+    index = " (the findings index's \"holds at scale?\")" if first else ""
+    if why is not None:
+        return ["", f"{label}: {md(claim.get('claim') or 'the claim')}. **Transfer verdict: not testable**: "
+                f"{md(why)}; said of the claim{index}: not testable."]
+    if comparison is None:
+        return []
+    better, than, x = comparison.a, comparison.b, axis.symbol
+    lines = ["", f"{label}: {md(claim.get('claim') or f'{better} beats {than}')}. Gap L({md(better)}) - L({md(than)}) "
+             "(negative: the claim holds), fitted:", "", f"| {x} | gap |", "|---|---|"]
+    for n, gap in comparison.gaps.items():
+        measured = "" if n <= comparison.measured[-1] * 1.0001 else " (extrapolated)"
+        lines.append(f"| {n:,.0f}{measured} | {_fmt(gap, 4)} |")
+    who = f" ({md(comparison.ahead)} ahead at the largest rung)" if comparison.ahead else ""
+    return lines + ["", f"**Transfer verdict: {comparison.verdict}**{who}. Said of the claim{index}: "
+                    f"{md(for_the_claim(comparison, better))}."]
+
+
 def ladder_section(rows: list[dict], study: dict, figure: str | None = None, resamples: int = scaling.RESAMPLES,
                    guide: str | None = None, png: bool = True) -> tuple[Markup, bytes | None]:
     """The section's markdown (untrusted names escaped) and, given the figure's file name (which the markdown
@@ -157,10 +215,24 @@ def ladder_section(rows: list[dict], study: dict, figure: str | None = None, res
     lines += [parametrization(rows), ""]
     if axis is scaling.TOKENS:
         lines += [TOKEN_AXIS.format(per_step=study["ladder"]["budget"]["tokens_per_step"]), ""]
+    failed = not_learned(rows, study)
+    if failed:
+        lines += ["Left out of the fits, the verdict and the decision accuracy: the settings that did not learn their "
+                  "task at some rung (a fit of them describes no model of the task).", "",
+                  "| setting | rung | seeds that learned | why |", "|---|---|---|---|"]
+        lines += [f"| {md(name)} | {md(rung)} | {e.learned_seeds} of {e.measured} | {md(e.why())} |"
+                  for name, at in failed.items() for rung, e in at]
+        lines.append("")
     if found is None:
-        return Markup("\n".join(lines + [f"Fewer than {scaling.MIN_RUNGS} rungs have every setting finished: no fit "
-                                          "yet."]) + "\n"), None
-    settings, fitted, comparison, accuracy = found
+        told = "No setting learned at every rung: nothing to fit." if failed and not ladder_rungs(
+            [r for r in rows if _setting(r, setting_keys(study)) not in failed], study) else \
+            f"Fewer than {scaling.MIN_RUNGS} rungs have every setting finished: no fit yet."
+        for i, claim in enumerate(claims(study)):
+            if (why := untestable(rows, study, claim)) is not None:
+                lines += _claim_lines(claim, None, why, axis, f"Claim {i + 1}" if len(claims(study)) > 1 else
+                                      "Claim", first=i == 0)[1:] + [""]
+        return Markup("\n".join(lines + [told]) + "\n"), None
+    settings, fitted, comparisons, accuracy = found
     drawn_seeds = "whole seeds resampled, the same at every rung" if axis.whole_seeds else \
         "seeds resampled within rungs"
     lines += [f"L({x}) = E + {c} {x}^-{e} per setting, fitted to the mean {METRIC} of each rung (variable "
@@ -171,18 +243,10 @@ def ladder_section(rows: list[dict], study: dict, figure: str | None = None, res
         bound = f" (at a bound: E = 0 or {e} at its grid's end)" if point.at_bound else ""
         lines.append(f"| {md(name)} | {_fmt(p['e'])} | {_fmt(p['alpha'])}{bound} | {point.a:.3g} | "
                      f"{len(settings[name])} |")
-    if comparison is not None:
-        better, than = comparison.a, comparison.b
-        claim = (study.get("verdict") or {}).get("claim") or f"{better} beats {than}"
-        lines += ["", f"Claim: {md(claim)}. Gap L({md(better)}) - L({md(than)}) (negative: the claim holds), "
-                  "fitted:", "", f"| {x} | gap |", "|---|---|"]
-        for n, gap in comparison.gaps.items():
-            measured = "" if n <= comparison.measured[-1] * 1.0001 else " (extrapolated)"
-            lines.append(f"| {n:,.0f}{measured} | {_fmt(gap, 4)} |")
-        ahead = comparison.ahead
-        who = f" ({md(ahead)} ahead at the largest rung)" if ahead else ""
-        lines += ["", f"**Transfer verdict: {comparison.verdict}**{who}. Said of the claim "
-                  f"(the findings index's \"holds at scale?\"): {md(for_the_claim(comparison, better))}."]
+    registered = claims(study)
+    for i, (claim, comparison) in enumerate(zip(registered, comparisons)):
+        lines += _claim_lines(claim, comparison, untestable(rows, study, claim), axis,
+                              f"Claim {i + 1}" if len(registered) > 1 else "Claim", first=i == 0)
     if accuracy.value is not None:
         lines += ["", f"Decision accuracy, smallest against largest rung (the share of setting pairs in the same "
                   f"order at both; DataDecide, Magnusson et al. 2025): {_fmt(accuracy, 2)}."]
@@ -197,10 +261,11 @@ def ladder_section(rows: list[dict], study: dict, figure: str | None = None, res
 
 # ---------------------------------------------------------------- from a findings page's jsonl
 def rows_of(jobs: list[dict]) -> list[dict]:
-    """A findings file's job lines as the rows ladder_rungs reads (setting keys, seed, params, steps, loss, param)."""
+    """A findings file's job lines as the rows ladder_rungs and not_learned read (setting keys, seed, params, steps,
+    loss, param, and what report/learned.py judges learning by)."""
     return [{**(j.get("setting") or {}), "seed": j.get("seed"), "status": j.get("status"), "params": j.get("params"),
-             "steps": j.get("steps"), METRIC: j.get(METRIC), "param": (j.get("choices") or {}).get("param")}
-            for j in jobs]
+             "steps": j.get("steps"), METRIC: j.get(METRIC), "param": (j.get("choices") or {}).get("param"),
+             **{k: j.get(k) for k in LEARNING_KEYS}} for j in jobs]
 
 
 def figure_name(stem: str) -> str:
@@ -222,12 +287,26 @@ def page_png(meta: dict, jobs: list[dict]) -> bytes | None:
 
 
 def holds(meta: dict, jobs: list[dict]) -> str | None:
-    """The index's "holds at scale?" cell: the transfer verdict said of the claim, or None (no ladder, too few
-    rungs, or a claim whose settings the ladder lacks)."""
+    """The index's "holds at scale?" cell: the first claim's transfer verdict said of it ("not testable: ..." where
+    a side did not learn at some rung), then a count of the other claims' verdicts; None where there is none (no
+    ladder, too few rungs, or claims whose settings the ladder lacks)."""
     if not isinstance(meta["study"].get("ladder"), dict):
         return None
-    found = analysis(rows_of(jobs), meta["study"])
-    return None if found is None or found[2] is None else for_the_claim(found[2], found[2].a)
+    rows, study = rows_of(jobs), meta["study"]
+    found = analysis(rows, study)
+    said = []
+    for i, claim in enumerate(claims(study)):
+        comparison = found[2][i] if found is not None else None
+        if (why := untestable(rows, study, claim)) is not None:
+            said.append(f"not testable: {why}")
+        elif comparison is not None:
+            said.append(for_the_claim(comparison, comparison.a))
+    if not said:
+        return None
+    rest = Counter(s.split(":")[0] for s in said[1:])
+    more = ", ".join(f"{n} {verdict}" for verdict, n in sorted(rest.items()))
+    others = f"the other {len(said) - 1} claims" if len(said) > 2 else "the other claim"
+    return said[0] + (f" ({others}: {more})" if rest else "")
 
 
 def draw(settings: dict[str, list[Rung]], fitted: dict, axis: scaling.Axis = scaling.PARAMS) -> bytes:

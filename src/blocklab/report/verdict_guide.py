@@ -59,9 +59,9 @@ def example(out: Path) -> dict | None:
     meta, jobs = read_jsonl(out / f"{EXAMPLE}.jsonl")
     rows = ladder_page.rows_of(jobs)
     found = ladder_page.analysis(rows, meta["study"])
-    if found is None or found[2] is None:
+    if found is None or found[2][0] is None:
         return None
-    settings, fitted, comparison, accuracy = found
+    settings, fitted, (comparison, *_), accuracy = found
     laws = []
     for name in (comparison.a, comparison.b):
         point, boot = fitted[name]
