@@ -11,7 +11,7 @@ import pytest
 
 from blocklab.report import figures, findings
 from blocklab.report.figures_cost import CONTEXT
-from blocklab.report.figures_data import figure_record, lowest_seeds, page_rows
+from blocklab.report.figures_data import _rounded, figure_record, lowest_seeds, page_rows
 
 
 def _job(setting: dict, seed: int, metrics: dict = (), layers: dict = (), keys: dict = (), maps: dict = (),
@@ -221,12 +221,12 @@ def test_a_collected_run_keeps_what_its_plots_read_and_the_page_draws_it_back():
     keep = lowest_seeds(runs, ["norm"])
     assert keep == {"/nowhere/0"}
     records = [figure_record(r, plots, r["run"] in keep) for r in runs]
-    assert records[1]["layers"]["init"] == {"grad_ffn": [0.1235, 0.2]}  # only what a plot reads, rounded
+    assert records[1]["layers"]["init"] == {"grad_ffn": [0.12346, 0.2]}  # only what a plot reads, 5 digits
     assert records[1]["layers"]["end"] == {"attention_entropy": [1.0, 1.0]}
     assert "attention_weights" not in records[0] and records[1]["attention_weights"] == {"end": [[[[1.0]]]]}
     assert records[1]["keys"] == {"model.n_layers": 2, "norm": "pre"}
     rows = page_rows([{**_job({"norm": "pre"}, r["seed"]), "figure": rec} for r, rec in zip(runs, records)])
-    assert rows[1]["layers_init"]["grad_ffn"] == [0.1235, 0.2] and rows[1]["model.n_layers"] == 2
+    assert rows[1]["layers_init"]["grad_ffn"] == [0.12346, 0.2] and rows[1]["model.n_layers"] == 2
     assert math.isclose(rows[0]["diverged"], 0.0)
 
 
@@ -296,3 +296,8 @@ def test_a_log_axis_over_ten_decades_still_has_tick_labels():
     assert ax.get_yscale() == "log"
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert "1" in labels and "1e+06" in labels
+
+
+def test_page_data_keeps_significant_digits_not_decimals():
+    """A gradient of 5.12345e-5 keeps its digits (4 decimals made it 0.0001), a loss keeps 4 decimals."""
+    assert _rounded([5.123456e-05, 2.5123456, 12.054321, 3]) == [5.1235e-05, 2.5123, 12.054, 3]

@@ -95,6 +95,17 @@ def test_a_paired_t_on_three_seeds_has_the_closed_form_of_two_degrees_of_freedom
     assert p.interval() == pytest.approx((0.370755, 0.995911), abs=2e-5)
 
 
+def test_runs_pair_by_seed_and_a_seed_without_two_finite_values_is_left_out():
+    """Seeds 0-2 differ by 0.8, 0.55, 0.7 (the closed-form case above, listed out of order); seed 3 has no partner,
+    seed 4 diverged on one side (NaN): neither enters the pairs."""
+    a = [{"seed": 2, "x": 1.7}, {"seed": 0, "x": 1.8}, {"seed": 1, "x": 1.55}, {"seed": 3, "x": 9.0},
+         {"seed": 4, "x": float("nan")}]
+    b = [{"seed": 0, "x": 1.0}, {"seed": 1, "x": 1.0}, {"seed": 2, "x": 1.0}, {"seed": 4, "x": 1.0}]
+    p = stats.paired_by_seed(a, b, lambda r: r["x"])
+    assert p.diffs == pytest.approx((0.8, 0.55, 0.7)) and p.p == pytest.approx(0.01111, abs=2e-5)
+    assert stats.paired_by_seed(a[:1], b, lambda r: r["x"]) is None  # one shared seed: nothing to test
+
+
 def test_degenerate_pairs():
     assert stats.paired_t([0.3]) is None  # one pair: no spread to test against
     same = stats.paired_t([0.2, 0.2, 0.2])  # no seed noise at all: decided, the interval the point

@@ -22,7 +22,8 @@ SPECTRAL = ("spectral_norm_max", "spectral_prenorm_bound", "spectral_generic_bou
 ATTENTION = ("attention_entropy", "attention_distance", "attention_entropy_answer", "attention_distance_answer")
 # Eval columns a job line keeps in every format (findings_data.EVAL_FIELDS); a length plot of another column keeps it.
 EVAL_KEPT = ("length", "in_distribution", "exact_match", "token_acc", "loss")
-ROUND = 4  # digits kept of a per-layer value: a figure's resolution, and a line of a few KB
+SIGNIFICANT = 5  # significant digits kept of a per-layer value or a curve point: a figure's resolution, a line of a few
+# KB, and a loss to 4 decimals, while a gradient of 5e-5 keeps its digits (4 decimals quantized it to 0.0001)
 # Columns a kind reads beside its metric and x, kept on a job line for it (lr_curve: the cap and the sensitivity)
 EXTRA = {"lr_curve": ("init_loss", "lr_sensitivity")}
 CURVE = "logit_curve"  # results.json diagnostics.logit_curve, a collected row's column (the over_step kind)
@@ -101,7 +102,7 @@ def step_curve(row: dict, metric: str) -> list[tuple[int, float]]:
 def _rounded(x):
     if isinstance(x, list):
         return [_rounded(v) for v in x]
-    return round(x, ROUND) if isinstance(x, float) else x
+    return float(f"{x:.{SIGNIFICANT}g}") if isinstance(x, float) else x
 
 
 def attention_weights(row: dict, when: str):

@@ -27,16 +27,6 @@ class Finding:
     details: list[str] = field(default_factory=list)
 
 
-def _paired(best: list[dict], other: list[dict], metric: str) -> stats.Paired | None:
-    """best - other on `metric`, seed by seed: seed s fixes the data order of every setting of a task, so the
-    runs of one seed form a pair. None below 2 shared seeds."""
-    def by_seed(members):
-        return {m.get("seed"): v for m in members if m.get("seed") is not None
-                and isinstance(v := _value(m, metric), (int, float)) and v == v}
-    a, b = by_seed(best), by_seed(other)
-    return stats.paired_t([a[s] - b[s] for s in sorted(set(a) & set(b), key=_order)])
-
-
 def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
     """The setting with the best mean (the highest, for a metric with no better direction) against every other,
     paired by seed: the mean per-seed difference, its paired t-interval at the Holm level over these comparisons,
@@ -66,7 +56,7 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
                         "unknown and no winner is named (add seeds).")]
     better = "better" if higher is not None else "higher"
     tied = [key for key, e in ordered[1:] if sorted(e.values) == sorted(best.values)]
-    compared = [(key, e, _paired(groups[best_key], groups[key], metric)) for key, e in ordered[1:] if key not in tied]
+    compared = [(key, e, stats.paired_by_seed(groups[best_key], groups[key], lambda m: _value(m, metric))) for key, e in ordered[1:] if key not in tied]
     levels = stats.holm([p.p if p else None for _, _, p in compared])
     details, apart = [], []
     for (key, e, p), h in zip(compared, levels):

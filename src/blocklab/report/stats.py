@@ -123,6 +123,17 @@ def paired_t(diffs) -> Paired | None:
     return Paired(tuple(ds), mean, sd, float(2 * stats.t.sf(abs(t), n - 1)))
 
 
+def paired_by_seed(a: list[dict], b: list[dict], value_of) -> Paired | None:
+    """A - B on `value_of(run)`, seed by seed: seed s fixes the data order of every setting of a task, so the runs of
+    one seed form a pair. Seeds either side lacks, or where either value is not a finite number, are left out (the
+    claims' judge, judge.py, counts such a seed as the worst value instead). None below 2 pairs."""
+    def by_seed(runs):
+        return {r.get("seed"): v for r in runs if r.get("seed") is not None and finite([v := value_of(r)])}
+    x, y = by_seed(a), by_seed(b)
+    shared = sorted(set(x) & set(y), key=lambda s: (0, s, "") if isinstance(s, (int, float)) else (1, 0, str(s)))
+    return paired_t([x[s] - y[s] for s in shared])
+
+
 def sign_flip_p(diffs) -> float | None:
     """The exact two-sided sign-flip permutation p-value of the mean difference: the share of the 2^n ways of
     flipping the differences' signs whose |sum| is at least the observed |sum| (the observed one counts). None
