@@ -5,7 +5,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from blocklab import modifications
-from blocklab.model.ffn import ACTIVATIONS
+import torch
+
+from blocklab.model.ffn import ACTIVATIONS, Activation
 from blocklab.paths import CONF_DIR
 
 
@@ -43,11 +45,17 @@ def test_a_change_that_computes_the_baselines_function_is_left_out(plan):
     # ramp interpolates by 1 and its temperature is 0.1 ln 1 + 1 = 1), and full is the default pattern.
     for name in ("pos_scaling-pi", "pos_scaling-ntk", "pos_scaling-yarn", "attn_pattern-full"):
         assert name not in plan.jobs and "computes what the baseline computes" in plan.left_out[name], name
-    assert {"attn-window", "pos-alibi", "init-small"} <= set(plan.jobs)  # a change of function stays
+    assert {"attn-local", "pos-alibi", "init-small"} <= set(plan.jobs)  # a change of function stays
+
+
+def test_a_change_that_computes_another_change_s_function_is_shown_once(plan):
+    """attn=window is attn=local by its newer name (local's yaml: a window alone makes the pattern window)."""
+    assert "attn-local" in plan.jobs and "attn-window" not in plan.jobs
+    assert plan.left_out["attn-window"].startswith("attn-window computes what attn-local computes")
 
 
 def test_a_registry_entry_or_an_ablation_declared_later_joins_the_sweep(monkeypatch, plan):
-    monkeypatch.setitem(ACTIVATIONS.entries, "fake_act", ACTIVATIONS.entries["gelu"])
+    monkeypatch.setitem(ACTIVATIONS.entries, "fake_act", Activation(torch.tanh))  # a function no entry computes
     monkeypatch.setitem(modifications.ABLATIONS, "attn.short_conv", (4,))  # one plan() for both: it is slow
     grown = modifications.plan()
     assert set(grown.jobs) - set(plan.jobs) == {"act_name-fake_act", "attn_short_conv-4"}

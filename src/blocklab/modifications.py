@@ -127,9 +127,9 @@ def computed(model_cfg, seed: int):
 
 def plan() -> Plan:
     """Which modifications apply to a decoder LM: those whose composed job passes config_errors and whose model
-    computes another function than the baseline's (pos.scaling at scaling_factor 1, or attn.pattern=full, the
-    default pattern, would only repeat the baseline), or that trains otherwise (another optimizer, a declared
-    ablation)."""
+    computes another function than the baseline's and every modification's kept before it (pos.scaling at
+    scaling_factor 1, or attn.pattern=full, the default pattern, would only repeat the baseline; attn=local is
+    attn=window by an older name), or that trains otherwise (another optimizer, a declared ablation)."""
     import torch
 
     from blocklab.errors import ConfigError
@@ -143,7 +143,7 @@ def plan() -> Plan:
     declared = {name for name, node in nodes.items() if any(f"{group}.{field_}" in ABLATIONS
                                                              for group, fields_ in node.items() if group != "defaults"
                                                              for field_ in fields_)}
-    out, baseline = Plan(), None
+    out, seen = Plan(), []  # (name, params, logits, optim) of every job kept so far, the baseline first
     for name in nodes:  # the baseline first
         config = OmegaConf.to_container(_compose([*SWEEP, f"{GROUP}={name}"]), resolve=True)
         try:  # validated once: config_errors's lines, and the model config to build
@@ -154,16 +154,17 @@ def plan() -> Plan:
             errors = [f"{name} sets attn.causal=false: a decoder LM would see the token it is asked to predict"]
         if not errors:
             params, logits = computed(model_cfg, config["seed"])
-            if baseline is None:
-                baseline = params, logits, config["optim"]
-            elif params == baseline[0] and torch.allclose(logits, baseline[1], rtol=1e-5, atol=1e-6) \
-                    and config["optim"] == baseline[2] and name not in declared:
-                errors = [f"{name} computes what the baseline computes at its defaults: the same parameters and "
-                          "outputs, so its row would only repeat the baseline's"]
+            same = next((other for other, p, out_, optim in seen if p == params and optim == config["optim"]
+                         and torch.allclose(logits, out_, rtol=1e-5, atol=1e-6)), None)
+            if same is not None and name not in declared:
+                errors = [f"{name} computes what {'the baseline' if same == BASELINE else same} computes at its "
+                          f"defaults: the same parameters and outputs, so its row would only repeat "
+                          f"{'the baseline' if same == BASELINE else same}'s"]
         if errors:
             out.left_out[name] = errors[0]
         else:
             out.jobs.append(name)
+            seen.append((name, params, logits, config["optim"]))
     return out
 
 

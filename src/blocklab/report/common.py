@@ -56,6 +56,11 @@ def name(keys: list[str], values: tuple) -> str:
     return ", ".join(f"{short(k)}={v}" for k, v in zip(keys, values))
 
 
+# Speeds a job measures of itself: beside other jobs on the same cores they measure the neighbour too, and two runs
+# of one model differ in them
+SPEEDS = ("tokens_per_s", "ms_per_step", "decode_tokens_per_s", "costs.decode_tokens_per_s", "train_time_s")
+
+
 def order(value) -> tuple:
     """Numbers in numeric order (2 before 16), then everything else by name."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -16,7 +16,7 @@ from blocklab.paths import CONF_DIR
 from blocklab.report.build import _value
 from blocklab.report import references, targets
 from blocklab.report.collect import UnreadableRun, saved_config
-from blocklab.report.common import order
+from blocklab.report.common import SPEEDS, order
 from blocklab.results import RESULTS_FILE, swept_overrides
 
 FORMAT = 2  # the jsonl layout (2: each job's `figure` block, figures_data.figure_record); a page refuses another
@@ -27,7 +27,7 @@ SWEEPS = CONF_DIR / "sweep"
 GATE_KEYS = ("one_side_learns", "cost_only")
 # The fields of results.json a page uses (and the eval rows' columns it reads); nothing else is kept.
 JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match", "final_val_loss", "params",
-              "tokens_per_s", "train_time_s", "steps", "machine", "commit")
+              "tokens_per_s", "train_time_s", "steps", "machine", "commit", "beside_other_jobs")
 EVAL_FIELDS = ("length", "in_distribution", "exact_match", "token_acc", "loss", "next_sentence_acc")
 STUDY_FIELDS = ("name", "scale", "question", "exercise", "source", "paper", "compare", "metrics", "verdict",
                 "baseline", "page", "ladder", "target")  # ladder: its rungs, for the page's fit (ladder_page.py)
@@ -261,4 +261,43 @@ def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
                           "blocklab.report SWEEP_DIR --findings docs/findings")
     meta, jobs = with_gate_keys(lines[0]), lines[1:]
     targets.apply(meta, jobs)
-    return meta, jobs
+    return meta, shown_once(meta, jobs)
+
+
+def _runs_of(members: list[dict]) -> tuple | None:
+    """What identifies a setting's runs: per seed, its recorded choices, parameter count, final loss, every metric
+    but speeds, and its evaluation rows, bit for bit; None where a run has no finite loss (two settings that both
+    diverged are not thereby the same)."""
+    out = []
+    for j in members:
+        loss = j.get("final_val_loss")
+        if not isinstance(loss, float) or not math.isfinite(loss):
+            return None
+        scores = {k: v for k, v in (j.get("metrics") or {}).items() if k not in SPEEDS}
+        out.append(json.dumps([j.get("seed"), j.get("choices"), j.get("params"), loss, scores, j.get("eval")],
+                              sort_keys=True, default=str))
+    return tuple(sorted(out))
+
+
+def shown_once(meta: dict, jobs: list[dict]) -> list[dict]:
+    """The jobs with each model shown once: a setting whose every run (seed, recorded choices, parameters, final
+    loss, scores and evaluation rows, bit for bit) repeats an earlier setting's is the same model under another name (attn=local, from before
+    patterns existed, is attn=window), so its rows go and meta["duplicates"] says which."""
+    by_setting: dict[str, list[dict]] = {}
+    for j in jobs:
+        by_setting.setdefault(json.dumps(j.get("setting"), sort_keys=True), []).append(j)
+    seen, dropped, said = {}, set(), []
+    for key in sorted(by_setting):
+        runs = _runs_of(by_setting[key])
+        if runs is None:
+            continue
+        if runs in seen:
+            dropped.add(key)
+            name = lambda k: ", ".join(f"{a}={b}" for a, b in json.loads(k).items())  # noqa: E731
+            said.append(f"{name(key)} ran the same model as {name(seen[runs])} (every seed's choices, parameter "
+                        f"count, losses and scores identical, bit for bit): it is shown once, as {name(seen[runs])}.")
+        else:
+            seen[runs] = key
+    if said:
+        meta["duplicates"] = said
+    return [j for j in jobs if json.dumps(j.get("setting"), sort_keys=True) not in dropped]

@@ -16,7 +16,8 @@ table and the figure): it is data. A metric that takes one value on every compar
 Before any test, the learned gate (learned.py): a claim whose compared settings did not learn their task (on any
 metric: in-distribution, training loss, diverged, speed) is not testable, and its sentence says why first. A claim
 that one side cannot learn what the other does (`one_side_learns: true`) needs only the winning side to have
-learned; a claim about cost alone (`cost_only: true`) has no gate.
+learned; a claim about cost alone (`cost_only: true`) has no gate. A claim on a speed (SPEEDS) is not testable
+where a compared run was timed beside other jobs of its sweep (`beside_other_jobs`, which results.json records).
 
 A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
 why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns,
@@ -34,18 +35,18 @@ from dataclasses import dataclass
 from blocklab.report import gap, stats
 from blocklab.report.build import _direction
 from blocklab.report.claims import claims_hash
-from blocklab.report.common import order
+from blocklab.report.common import SPEEDS, order
 from blocklab.report.learned import gate, learned  # noqa: F401 (learned: the pages' API)
 # The page's runs by setting (page_runs.py), used here and read from here by the pages.
 from blocklab.report.page_runs import (KEPT, OVER, _matches, _settings, at_best_lr, groups_of,  # noqa: F401
                                        higher_is_better, keys_of, metric_of, select, spec_label)
 
 OUTCOMES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "no difference that matters",
-            "const": "not testable", "learn": "not testable", "none": "not measured"}
+            "const": "not testable", "learn": "not testable", "beside": "not testable", "none": "not measured"}
 # The index's "agrees" column: exactly these four words (a difference inside min_effect is not one that matters;
 # a claim not measured cannot be tested yet)
 AGREES = {"yes": "yes", "no": "no", "nd": "not distinguishable", "trivial": "not distinguishable",
-          "const": "not testable", "learn": "not testable", "none": "not testable"}
+          "const": "not testable", "learn": "not testable", "beside": "not testable", "none": "not testable"}
 
 
 def claims(meta: dict) -> list:
@@ -210,6 +211,11 @@ def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:
         return Verdict("learn", f"Not testable: {why}. The claim, {words['claim']}, is not judged here"
                                 f"{'' if words['paper'] == 'the paper' else '; ' + words['paper'] + ' saw it at ' + words['scale']}"
                                 f"{words['why']}.")
+    if metric in SPEEDS and (beside := sum(bool(j.get("beside_other_jobs")) for j in a + b)):
+        return Verdict("beside", f"Not testable: {metric} is a speed, and {beside} of the {len(a) + len(b)} compared "
+                                 "runs were timed while other jobs of the sweep ran beside them on the same cores, so "
+                                 "each speed measures its neighbour too. The claim, " + words["claim"] + ", is not "
+                                 "judged here; rerun the sweep with hydra.launcher.n_jobs=1, or read the bench.")
     return _pair(meta, jobs, claim, words, a, b)
 
 

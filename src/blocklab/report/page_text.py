@@ -23,6 +23,7 @@ from blocklab.report.markdown import ENV
 from blocklab.report.page_tables import (_against_baseline, _table, _tuned_table, at_best, rate_metric, tuned,
                                         verdict_metric)
 from blocklab.report.recall import FRACTION
+from blocklab.report.section_text import speed_caveat
 
 GUIDE = "transfer_verdicts.md"  # the page that explains a ladder section (report/verdict_guide.py writes it)
 SPLIT = "task"  # a compare key whose settings are never compared with each other
@@ -80,13 +81,9 @@ def answers(meta: dict, jobs: list[dict]) -> tuple[str, list[Answer]]:
             means = {k: v for k, v in means.items() if k not in not_learned}
         best = (max if higher else min)(means, key=lambda k: (means[k], tuple(order(x) for x in k)))
         others = [k for k in means if k != best and k not in not_learned]
-        seeds = {j.get("seed"): metric_of(j, metric) for j in parts[part][best]}
         ps = []
         for k in others:
-            theirs = {j.get("seed"): metric_of(j, metric) for j in parts[part][k]}
-            diffs = [seeds[s] - theirs[s] for s in seeds if s in theirs and stats.finite([seeds[s], theirs[s]]) ==
-                     [seeds[s], theirs[s]]]
-            p = stats.paired_t(diffs)
+            p = stats.paired_by_seed(parts[part][best], parts[part][k], lambda j: metric_of(j, metric))
             ps.append(None if p is None else p.p)
         holm = stats.holm(ps) if ps else []
         ties = sorted((k for k, h in zip(others, holm) if not h.rejected), key=lambda k: (-means[k] if higher else means[k]))
@@ -206,6 +203,7 @@ def notes(meta: dict) -> list[str]:
     if meta.get("gate_declared_later"):
         found.append(f"The sweep file declared how the learned gate applies after these runs were measured "
                      f"({'; '.join(meta['gate_declared_later'])}); the claims are otherwise as they were at run time.")
+    found += meta.get("duplicates") or []  # settings that ran one model under two names (findings_data.shown_once)
     if meta.get("target_note"):  # what steps_to_target counts to (targets.apply, when the page's data is read)
         found.append(meta["target_note"])
     return found
@@ -270,7 +268,8 @@ def render_page(meta: dict, jobs: list[dict], figure: list | None, scales: list[
     hours = meta["train_time_s"] / 3600
     return ENV.get_template("findings.md.j2").render(
         meta=meta, study=study_line(meta["study"]), answer=answer_text(meta, jobs), banner=line,
-        not_learned=not_learned, levels=levels(jobs), notes=notes(meta), table=table, tuned=best is not None,
+        not_learned=not_learned, levels=levels(jobs), notes=notes(meta) + [c for c in [speed_caveat(jobs)] if c],
+        table=table, tuned=best is not None,
         rate_metric=rate_metric(meta) if rate_metric(meta) != verdict_metric(meta) else None,
         range_fraction=f"{FRACTION:g}", verdicts=[(OUTCOMES[v.outcome], v.sentence) for v in verdicts],
         comparisons=rows, claims=len(rows), floor=verdicts[0].floor, flips=stats.MIN_FLIP_PAIRS,
