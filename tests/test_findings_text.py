@@ -153,3 +153,12 @@ def test_a_figure_finds_the_reference_levels_of_its_metric():
     copy = _jobs("exact_match_in", {"a": [0.9]}, {"a": 0.9})
     assert learned.reference_lines(copy, "exact_match_out") == [Level("learned", "exact_match", 0.9)]
     assert learned.reference_lines(copy, "tokens_per_s") == []
+
+
+def test_a_page_that_picks_each_setting_s_best_rate_says_it_was_picked_on_the_judged_seeds():
+    """Issue 55: a best learning rate is chosen on other seeds than it is judged on, or the page says it was not."""
+    tuned = [p for p in (ROOT / "docs" / "findings").glob("*.md")
+             if "Each setting at its best learning rate" in p.read_text(encoding="utf-8")]
+    assert {"lr_sensitivity.md", "muon_lr.md", "recall.md"} <= {p.name for p in tuned}
+    for page in tuned:
+        assert "no seed is held out for the choice" in page.read_text(encoding="utf-8"), page.name
