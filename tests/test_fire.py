@@ -13,7 +13,7 @@ import torch
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.config import AttnConfig, PosConfig
 from blocklab.model.generate import generate
-from blocklab.model.position import FIRE
+from blocklab.model.position_bias import FIRE
 from blocklab.results import read_results
 from blocklab.train.run import prepare
 from conftest import FAST, compose_config, run_cli, run_in_process

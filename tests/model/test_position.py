@@ -6,7 +6,8 @@ import torch
 
 from blocklab.model import ModelConfig, Transformer
 from blocklab.model.config import PosConfig
-from blocklab.model.position import ALiBi, Learned, RoPE, Sinusoidal, T5Bias, alibi_slopes, t5_buckets
+from blocklab.model.position import Learned, RoPE, Sinusoidal
+from blocklab.model.position_bias import ALiBi, T5Bias, alibi_slopes, t5_buckets
 
 from variants import SCHEMES, tiny_model  # noqa: E402  (every registered scheme)
 

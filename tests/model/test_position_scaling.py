@@ -10,7 +10,8 @@ import torch
 
 from blocklab.model import ModelConfig, build_model
 from blocklab.model.config import PosConfig
-from blocklab.model.position import POSITION_SCALINGS, Learned, RoPE, yarn_ramp
+from blocklab.model.position import Learned, RoPE
+from blocklab.model.rope_scaling import POSITION_SCALINGS, yarn_ramp
 
 from variants import tiny_cfg  # noqa: E402
 
