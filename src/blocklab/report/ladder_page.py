@@ -23,6 +23,7 @@ from markupsafe import Markup
 
 from blocklab import ladder
 from blocklab.report import learned, scaling
+from blocklab.report.judge import claims as registered_claims
 from blocklab.report.markdown import md
 from blocklab.report.scaling import Rung
 
@@ -104,9 +105,8 @@ def not_learned(rows: list[dict], study: dict) -> dict[str, list[tuple[str, lear
 
 
 def claims(study: dict) -> list[dict]:
-    """The study's registered claims: its verdict, then each of its `also`."""
-    verdict = study.get("verdict")
-    return [verdict, *(verdict.get("also") or [])] if isinstance(verdict, dict) else []
+    """The study's registered claims: its verdict, then each of its `also` (as every page reads them)."""
+    return registered_claims({"study": study})
 
 
 def claim_sides(rows: list[dict], study: dict, claim: dict | None = None) -> tuple[str | None, str | None]:
