@@ -66,6 +66,9 @@ def test_speeds_of_runs_trained_beside_other_jobs_carry_a_caveat_with_the_fix(tm
     beside = section("speed", {"compare": ["n_heads"], "metrics": ["tokens_per_s"]}, rows, tmp_path)
     assert "Speeds (tokens/s, ms per step, decoding tokens/s) of 2 of 4 runs were measured while other jobs ran " \
            "beside them" in beside and "hydra.launcher.n_jobs=1" in beside
+    # and those speeds are never judged: alone, the one head is named faster; beside other jobs nothing is compared
+    assert "tokens_per_s (higher is better): n_heads=1 is best" in alone and "not compared" not in alone
+    assert "tokens_per_s: not compared: 2 of 4 runs were timed while other jobs ran beside them" in beside
 
 
 def test_runs_from_two_machines_are_said_to_be_so(tmp_path):

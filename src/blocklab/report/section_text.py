@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from blocklab.report import stats
 from blocklab.report.collect import _count
-from blocklab.report.common import group, name as _name, order as _order
+from blocklab.report.common import SPEEDS, group, name as _name, order as _order
 from blocklab.report.figures_data import direction as _direction, value as _value
 from blocklab.report.render import Para
 from blocklab.report.learned import Learning, learned as learned_by_setting
@@ -171,7 +171,11 @@ def learning_note(prefix: str, keys: list[str], learned: dict[tuple, Learning]) 
 
 def judged(subset: list[dict], keys: list[str], metric: str, learned: dict[tuple, Learning]) -> list[Finding]:
     """The findings on `metric` among the settings that learned their task (every metric: a setting that did not
-    learn is no evidence about its component); says which it left out."""
+    learn is no evidence about its component); says which it left out. A speed timed beside other jobs is not
+    compared at all."""
+    if metric in SPEEDS and (beside := sum(bool(r.get("beside_other_jobs")) for r in subset)):
+        return [Finding(f"{metric}: not compared: {beside} of {len(subset)} runs were timed while other jobs ran "
+                        "beside them, so each speed measures its neighbour too (the caveat below says how to rerun).")]
     left_out = [key for key, e in learned.items() if not e.learned]
     if not left_out:
         return findings(subset, keys, metric)
