@@ -78,6 +78,35 @@ def test_one_side_learns_needs_only_the_winner_to_have_learned_and_cost_only_has
     assert judge(_meta("ms_per_step"), _jobs("ms_per_step", times, {"a": 0.0, "b": 0.0}))[0] == "learn"
 
 
+def test_a_paper_that_did_not_test_the_claim_is_neither_agreed_nor_contradicted():
+    """paper_tested: false (LLaMA adopted its recipe without an ablation): the verdict stands, the page says the
+    comparison is its own, in every outcome; without the key the sentence agrees with the paper."""
+    values = {"a": [0.9, 0.8, 0.85], "b": [0.1, 0.25, 0.15]}
+    jobs = _jobs("exact_match_out", values, {"a": 0.95, "b": 0.95})
+    assert judge(_meta("exact_match_out", paper="P, Table 1"), jobs)[1].endswith(": agrees with P, Table 1.")
+    for got in (values, {"a": values["b"], "b": values["a"]}):
+        outcome, sentence = judge(_meta("exact_match_out", paper="P", paper_tested=False),
+                                  _jobs("exact_match_out", got, {"a": 0.95, "b": 0.95}))
+        assert outcome in ("yes", "no") and "not a claim the cited work tested: P" in sentence
+        assert "agrees" not in sentence and "contradicts" not in sentence
+    outcome, sentence = judge(_meta("exact_match_out", paper="P", paper_tested=False),
+                              _jobs("exact_match_out", values, {"a": 0.3, "b": 0.3}))
+    assert outcome == "learn" and "saw it at" not in sentence and "not a claim the cited work tested: P" in sentence
+
+
+def test_a_page_words_its_paper_as_the_sweep_file_does_now():
+    """paper, paper_scale, paper_tested and why are wording: a page takes them from its sweep file, matched by the
+    claim's sentence, whatever its data's header held when the runs were measured."""
+    from blocklab.report.findings_data import sweep_study, with_gate_keys
+
+    now = sweep_study("recipe")
+    claim = {k: now["verdict"][k] for k in ("claim", "metric", "better", "than")}
+    meta = with_gate_keys({"study": {"name": "recipe", "paper": "old", "verdict": {**claim, "paper_scale": "old"}}})
+    assert meta["study"]["paper"] == now["paper"] != "old"
+    assert meta["study"]["verdict"]["paper_scale"] == now["verdict"]["paper_scale"]
+    assert meta["study"]["verdict"]["paper_tested"] is False
+
+
 def test_the_answer_names_the_best_and_every_setting_not_distinguishable_from_it():
     """exact_match_in, higher is better. a = 0.90, 0.92, 0.91 is best; a - b = 0.01, -0.01, 0.01 (mean 0.0033, sd
     0.0115: t = 0.5, p = 0.667) cannot be told from it. c did not learn its task, so it is compared with nothing (it

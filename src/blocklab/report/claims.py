@@ -1,7 +1,7 @@
 """A sweep's registered claims, fingerprinted: a page whose claims were edited after its runs were measured says so.
 
 A claim's fingerprint covers what it tests (its sentence, metric, sides, `where`, `than_where`, `min_effect`), not
-how the page words its context (`paper`, `paper_scale`, `why`, `figure`). Each run's saved config holds
+how the page words its context (`paper`, `paper_scale`, `paper_tested`, `why`, `figure`). Each run's saved config holds
 study.verdict as it was when the run trained, so the fingerprint at measurement time is read from the runs, old ones
 included."""
 import hashlib

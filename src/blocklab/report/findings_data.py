@@ -25,6 +25,9 @@ SWEEPS = CONF_DIR / "sweep"
 # A claim's keys that say how its learned gate applies (report/learned.py), not what it claims: where the data's
 # claim lacks one its sweep file now declares, the page takes it and says so (GATE_NOTE).
 GATE_KEYS = ("one_side_learns", "cost_only")
+# How a page words a claim's context (the cited paper, where it measured, why): presentation, not what a job trains
+# nor part of the claim's fingerprint (claims.py), so a page takes them from its sweep file now, as it does `notes`.
+WORDING_KEYS = ("paper", "paper_scale", "paper_tested", "why")
 # The fields of results.json a page uses (and the eval rows' columns it reads); nothing else is kept.
 JOB_FIELDS = ("status", "learned_in_distribution", "in_distribution_exact_match", "final_val_loss", "params",
               "tokens_per_s", "train_time_s", "steps", "machine", "commit", "beside_other_jobs")
@@ -231,14 +234,23 @@ def _claims(verdict) -> list:
 
 def with_gate_keys(meta: dict) -> dict:
     """The header with each claim's GATE_KEYS taken from its sweep file where the data's claim (as it was at run
-    time) lacks them, matched by the claim's words; `gate_declared_later` lists the claims that took one."""
+    time) lacks them, matched by the claim's words; `gate_declared_later` lists the claims that took one. The study's
+    `paper` and each matched claim's WORDING_KEYS are the sweep file's now."""
     name = meta.get("study", {}).get("name")
     if not isinstance(name, str) or not (SWEEPS / f"{name}.yaml").is_file():
         return meta
-    now = {c.get("claim"): c for c in _claims(sweep_study(name).get("verdict")) if isinstance(c, dict)}
+    study = sweep_study(name)
+    if "paper" in study:
+        meta["study"]["paper"] = study["paper"]
+    now = {c.get("claim"): c for c in _claims(study.get("verdict")) if isinstance(c, dict)}
     later = []
     for number, claim in enumerate(_claims(meta["study"].get("verdict")), 1):
         current = now.get(claim.get("claim")) if isinstance(claim, dict) else None
+        for key in WORDING_KEYS if current else ():
+            if key in current:
+                claim[key] = current[key]
+            else:
+                claim.pop(key, None)
         for key in GATE_KEYS if current else ():
             if key not in claim and key in current:
                 claim[key] = current[key]

@@ -20,6 +20,7 @@ learned; a claim about cost alone (`cost_only: true`) has no gate. A claim on a 
 where a compared run was timed beside other jobs of its sweep (`beside_other_jobs`, which results.json records).
 
 A claim (a dict in the sweep file's study.verdict) reads: claim, metric, better, than, where, paper, paper_scale,
+paper_tested (false where the cited paper did not test this claim: the page then neither agrees nor contradicts it),
 why, min_effect (the smallest difference that matters, in the metric's units: a positive number), one_side_learns,
 cost_only and at_best (each side at its own best learning rate of the page's grid, by the verdict's metric, and
 paired by seed alone: an optimizer against another, each tuned). With `than_where` it is a claim about a gap
@@ -203,13 +204,14 @@ def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:
              "paper": claim.get("paper") or study.get("paper") or "the paper", "metric": metric,
              "scale": claim.get("paper_scale") or "a larger scale",
              "why": f" ({claim['why']})" if claim.get("why") else ""}  # what the sweep found out about why
+    words.update(_cited(words, claim.get("paper_tested", True) is not False))
     if not a or not b:
         return Verdict("none", f"{words['claim']}: no completed or diverged run of {a_name if not a else b_name} here.")
     groups = _within(meta, jobs, claim)
     compared = [(a_name, _settings(groups, claim.get("better"))), (b_name, _settings(groups, claim.get("than")))]
     if why := gate(claim, compared, lambda j: metric_of(j, metric), _direction(metric)):
         return Verdict("learn", f"Not testable: {why}. The claim, {words['claim']}, is not judged here"
-                                f"{'' if words['paper'] == 'the paper' else '; ' + words['paper'] + ' saw it at ' + words['scale']}"
+                                f"{'' if words['paper'] == 'the paper' else '; ' + words['saw']}"
                                 f"{words['why']}.")
     if metric in SPEEDS and (beside := sum(bool(j.get("beside_other_jobs")) for j in a + b)):
         return Verdict("beside", f"Not testable: {metric} is a speed, and {beside} of the {len(a) + len(b)} compared "
@@ -217,6 +219,16 @@ def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:
                                  "each speed measures its neighbour too. The claim, " + words["claim"] + ", is not "
                                  "judged here; rerun the sweep with hydra.launcher.n_jobs=1, or read the bench.")
     return _pair(meta, jobs, claim, words, a, b)
+
+
+def _cited(w: dict, tested: bool) -> dict:
+    """How a verdict names its paper: agreeing, contradicting or where the paper saw it; where the paper did not test
+    the claim (`paper_tested: false`), none of these: the sentence says the comparison is this sweep's own."""
+    if not tested:
+        own = f"not a claim the cited work tested: {w['paper']}"
+        return {"agrees": own, "contradicts": own, "saw": own}
+    return {"agrees": f"agrees with {w['paper']}", "contradicts": f"contradicts {w['paper']} at this scale",
+            "saw": f"{w['paper']} saw it at {w['scale']}"}
 
 
 def _decide(t: _Pairs, h: stats.Holm, number: int) -> Verdict:
@@ -234,7 +246,7 @@ def _decide(t: _Pairs, h: stats.Holm, number: int) -> Verdict:
     row = [str(number), f"{w['a']} − {w['b']}", metric, pairs]
     if p is None:
         sentence = (f"{w['claim']}? Not distinguishable at {seeds}: {n} complete pair{'s' if n != 1 else ''} cannot "
-                    f"be tested{worst}; {w['paper']} saw it at {w['scale']}{w['why']}.{marked}")
+                    f"be tested{worst}; {w['saw']}{w['why']}.{marked}")
         return Verdict("nd", sentence, row + ["–"] * 7 + [OUTCOMES["nd"]])
     low, high = p.interval(h.level)
     said = (f"{w['a']} {stats.fmt(ma)} against {w['b']} {stats.fmt(mb)} on {metric}; paired difference over {seeds} "
@@ -242,15 +254,15 @@ def _decide(t: _Pairs, h: stats.Holm, number: int) -> Verdict:
             f"({stats.confidence(h.level)}, Holm), p {stats.p_is(h.adjusted)} (Holm){worst}")
     higher = _direction(metric) is not False
     if not h.rejected:
-        outcome, sentence = "nd", (f"{w['claim']}? Not distinguishable at {seeds}: {said}; {w['paper']} saw it at "
-                                   f"{w['scale']}{w['why']}.")
+        outcome, sentence = "nd", (f"{w['claim']}? Not distinguishable at {seeds}: {said}; {w['saw']}"
+                                   f"{w['why']}.")
     elif t.min_effect is not None and -t.min_effect <= low and high <= t.min_effect:
         outcome, sentence = "trivial", (f"{w['claim']}? No difference that matters: {said}, inside ±{t.min_effect:g} "
                                         f"(the claim's min_effect){w['why']}.")
     elif (p.mean > 0) == higher:
-        outcome, sentence = "yes", f"{w['claim']}: {said}: agrees with {w['paper']}."
+        outcome, sentence = "yes", f"{w['claim']}: {said}: {w['agrees']}."
     else:
-        outcome, sentence = "no", (f"{w['claim']}? {said}, the other way: contradicts {w['paper']} at this scale"
+        outcome, sentence = "no", (f"{w['claim']}? {said}, the other way: {w['contradicts']}"
                                    f"{w['why']}.")
     flip = stats.sign_flip_p(p.diffs) if n >= stats.MIN_FLIP_PAIRS else None
     flip = (stats.fmt_p(flip) if flip is not None else f"– (< {stats.MIN_FLIP_PAIRS} pairs)"
@@ -298,12 +310,12 @@ def _sequential(t: _Pairs, c: dict, number: int) -> Verdict:
     said = (f"paired difference over {c['pairs']} seeds {stats.signed(mean)} [{stats.fmt(low, mean)}, "
             f"{stats.fmt(high, mean)}] (repeated {stats.confidence(level)} interval), p {stats.p_is(c['p'])} against "
             f"the look's nominal level {level:.3g}")
-    sentence = {"yes": f"{w['claim']}: {said}: agrees with {w['paper']}.",
-                "no": f"{w['claim']}? {said}, the other way: contradicts {w['paper']} at this scale{w['why']}.",
+    sentence = {"yes": f"{w['claim']}: {said}: {w['agrees']}.",
+                "no": f"{w['claim']}? {said}, the other way: {w['contradicts']}{w['why']}.",
                 "trivial": f"{w['claim']}? No difference that matters: {said}, inside ±{c.get('min_effect')} (the "
                            f"claim's min_effect){w['why']}.",
                 "nd": f"{w['claim']}? Not distinguishable at {c['pairs']} seeds, the most study.seeds allows: {said}; "
-                      f"{w['paper']} saw it at {w['scale']}{w['why']}."}[outcome]
+                      f"{w['saw']}{w['why']}."}[outcome]
     sd = c.get("sd") if isinstance(c.get("sd"), (int, float)) else None
     mde = stats.detectable(sd, c["pairs"], level) if sd is not None and level > 0 else None
     row = [str(number), f"{w['a']} − {w['b']}", w["metric"], str(c["pairs"]),
