@@ -394,8 +394,27 @@ def test_next_sentence_gradient_matches_finite_differences(nsp_task):
         assert grad[index].item() == pytest.approx((up - down) / (2 * eps), rel=1e-4, abs=1e-9)
 
 
+def test_without_the_pair_loss_the_same_pairs_train_the_masked_lm_alone(corpus, nsp_task, tmp_path):
+    """task.nsp_loss=false: the batches are nsp=true's pairs, token for token, with nothing for the classifier
+    (no is_next), so the loss trained on is the masked-LM cross-entropy alone; the task states no pair bar."""
+    plain = build_task(task_cfg(corpus, tmp_path / "cache", nsp=True, nsp_loss=False), 0)
+    with_loss, without = next(iter(SentencePairs(nsp_task, 2))), next(iter(SentencePairs(plain, 2)))
+    assert "is_next" in with_loss and "is_next" not in without
+    assert all(torch.equal(with_loss[k], without[k]) for k in without)
+    torch.manual_seed(0)
+    lit = nsp_model(plain)
+    token_loss, pair_loss, _ = lit.losses(without)
+    logits = lit.model(without["input"], segment=without["segment"])
+    assert pair_loss is None
+    assert torch.allclose(token_loss, F.cross_entropy(logits.flatten(0, 1), without["target"].flatten(),
+                                                      ignore_index=IGNORE))
+    assert [x.metric for x in plain.references().learned] == ["loss"]
+    assert all(x.metric != "next_sentence_acc" for x in plain.references().lines)
+
+
 @pytest.mark.parametrize("override, message", [
     ("task.nsp=yes", "task.nsp='yes' must be true or false"),
+    ("task.nsp_loss=1", "task.nsp_loss=1 must be true or false"),
     ("task.block_size=4", "task.nsp=true with task.block_size=4: a pair [CLS] A [SEP] B [SEP] needs at least 5"),
 ])
 def test_bad_pair_options_are_one_line_errors(override, message, run_dir):
@@ -404,12 +423,25 @@ def test_bad_pair_options_are_one_line_errors(override, message, run_dir):
     assert str(err.value).startswith(message)
 
 
-def test_nsp_runs_end_to_end(corpus, run_dir, tmp_path):
-    run_in_process(["task=mlm", "task.nsp=true", "trainer=debug", "logger=none", f"task.data.path={corpus}",
-                    f"task.cache_dir={tmp_path / 'cache'}", "task.eval_max_tokens=4096"], run_dir)
+def test_the_pair_loss_off_needs_the_pairs(run_dir):
+    message = "task.nsp_loss=false drops the classifier of task.nsp's sentence pairs"
+    with refused(message, run_dir) as err:
+        Setup.from_config(compose_config(["task=mlm", "task.nsp_loss=false"], run_dir))
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("nsp_loss", [True, False])
+def test_nsp_runs_end_to_end(corpus, run_dir, tmp_path, nsp_loss):
+    run_in_process(["task=mlm", "task.nsp=true", f"task.nsp_loss={str(nsp_loss).lower()}", "trainer=debug",
+                    "logger=none", f"task.data.path={corpus}", f"task.cache_dir={tmp_path / 'cache'}",
+                    "task.eval_max_tokens=4096"], run_dir)
     results = read_results(run_dir)
     assert results["status"] == "completed"
-    assert all(0 <= row["next_sentence_acc"] <= 1 and row["masked_tokens"] > 0 for row in results["eval"])
+    assert all(row["masked_tokens"] > 0 for row in results["eval"])
+    if nsp_loss:
+        assert all(0 <= row["next_sentence_acc"] <= 1 for row in results["eval"])
+    else:  # no classifier trained, none scored
+        assert all("next_sentence_acc" not in row for row in results["eval"])
     model = Setup.from_run_dir(run_dir).trained_model()
     assert model.cfg.segments == 2 and model.segment_emb is not None  # model.json and the checkpoint agree
 

@@ -14,7 +14,9 @@ sequence is a pair [CLS] A [SEP] B [SEP]; half the time B is the text that follo
 elsewhere in the corpus, and the model classifies which from [CLS]'s final state. Sentences here are spans of
 tokens: a window of block_size - 3 tokens is split at a uniform point into A and B (the corpus has no sentence
 boundaries BERT's documents had). [CLS] and [SEP] are never masked; the loss trained on is the masked-LM loss
-plus the pair's cross-entropy, and each length row reports next_sentence_acc."""
+plus the pair's cross-entropy, and each length row reports next_sentence_acc. With `nsp_loss=false` the sequences
+are the same pairs but no classifier is trained on them: the masked LM alone on NSP's inputs, so that the masked-LM
+losses with and without next-sentence prediction are measured on one input format (sweeps/mlm_nsp.yaml)."""
 import math
 from typing import Iterator
 
@@ -92,10 +94,11 @@ class MLMTask(LMTask):
     masked = True
 
     def __init__(self, mask_prob: float = 0.15, mask_token_prob: float = 0.8, random_token_prob: float = 0.1,
-                 eval_seed: int = 1234, nsp: bool = False, **lm):
+                 eval_seed: int = 1234, nsp: bool = False, nsp_loss: bool = True, **lm):
         super().__init__(**lm)
         self.mask_prob, self.mask_token_prob, self.random_token_prob = mask_prob, mask_token_prob, random_token_prob
         self.eval_seed, self.nsp = eval_seed, nsp
+        self.classify = nsp and nsp_loss  # pairs scored by the classifier; nsp_loss=false: the pairs alone
         self.n_corpus_tokens = self.tok.get_vocab_size()  # random replacements are corpus tokens, never specials
         self.tok.add_special_tokens([MASK])  # on this task's copy of the tokenizer; the cached file stays as it was
         self.mask_id = self.tok.token_to_id(MASK)
@@ -125,16 +128,20 @@ class MLMTask(LMTask):
         if cfg.get("nsp") is True and isinstance(block, int) and block < 5:
             errs.append(f"task.nsp=true with task.block_size={block}: a pair [CLS] A [SEP] B [SEP] needs at least "
                         "5 tokens; raise block_size")
+        if cfg.get("nsp_loss") is False and cfg.get("nsp") is not True:
+            errs.append("task.nsp_loss=false drops the classifier of task.nsp's sentence pairs, and task.nsp is not "
+                        "true; set task.nsp=true (the pairs without their classifier) or leave task.nsp_loss=true")
         return errs
 
     def references(self) -> References:
         """Chance loss ln V over the corpus' tokens, and the unigram loss: a masked token guessed without its
         context. Learned: a validation loss below the unigram's and, with next-sentence prediction, a pair
-        classifier halfway from chance (0.5) to perfect."""
+        classifier (where one is trained) halfway from chance (0.5) to perfect."""
         unigram = unigram_loss(self.train_ids, self.val_ids, self.n_corpus_tokens)
-        learned = (Level("unigram", "loss", unigram), *((chance_bar("next_sentence_acc", 0.5),) if self.nsp else ()))
+        nsp = self.classify
+        learned = (Level("unigram", "loss", unigram), *((chance_bar("next_sentence_acc", 0.5),) if nsp else ()))
         return References(learned, (Level("chance", "loss", math.log(self.n_corpus_tokens)),
-                                    *((Level("chance", "next_sentence_acc", 0.5),) if self.nsp else ())))
+                                    *((Level("chance", "next_sentence_acc", 0.5),) if nsp else ())))
 
     def mask(self, tokens: Tensor, generator: torch.Generator,
              maskable: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -192,8 +199,8 @@ class MLMTask(LMTask):
             loss_sum = correct = scored = sequences = pairs_right = 0
             for batch in self._batches(length):
                 batch = on_device(batch, device_of(model))
-                out = model(batch["input"], **model_inputs(batch), **({"sentence": True} if self.nsp else {}))
-                logits, sentence = out if self.nsp else (out, None)
+                out = model(batch["input"], **model_inputs(batch), **({"sentence": True} if self.classify else {}))
+                logits, sentence = out if self.classify else (out, None)
                 if sentence is not None:
                     pairs_right += (sentence.argmax(-1) == batch["is_next"].long()).sum().item()
                 target = batch["target"]
@@ -210,7 +217,7 @@ class MLMTask(LMTask):
                 "token_acc": correct / scored if scored else None, "loss": loss if finite else None,
                 "n": sequences, "multiplier": mult, "masked_tokens": scored,
                 "perplexity": math.exp(min(loss, 700)) if finite else None,
-                **({"next_sentence_acc": pairs_right / sequences if sequences else None} if self.nsp else {}),
+                **({"next_sentence_acc": pairs_right / sequences if sequences else None} if self.classify else {}),
             })
         model.train(was_training)
         return rows
@@ -244,4 +251,6 @@ class SentencePairs(IterableDataset):
         span = task.block_size - 3  # A and B together, besides [CLS] and two [SEP]
         for step in stream_steps(self.start_step):
             generator = torch.Generator().manual_seed(PAIR_STREAM + task.seed * 1_000_003 + step + 7919 * ddp_rank())
-            yield task.pairs(random_spans(ids, task.batch_size, span, generator), ids, generator)
+            pairs = task.pairs(random_spans(ids, task.batch_size, span, generator), ids, generator)
+            # Without is_next the batch is scored as a masked LM alone (train/module.py classifies batches holding it)
+            yield pairs if task.classify else {k: v for k, v in pairs.items() if k != "is_next"}
