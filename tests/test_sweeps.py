@@ -26,7 +26,7 @@ from helpers import wait_until
 
 SWEEPS = CONF / "sweep"
 EXPECTED_JOBS = {"head_count": 36, "pe_copy": 21, "pe_addition": 21, "pe_lm": 21, "init_depth": 108,
-                 "norm_placement": 32, "activations": 24, "attention_variants": 12, "causal_mask": 6,
+                 "norm_placement": 24, "activations": 24, "attention_variants": 12, "causal_mask": 6,
                  "rank_collapse": 36, "attention_scale": 36, "addition_format": 12, "attention_kinds": 60,
                  "sparse_patterns": 24, "length_gen_copy": 36, "length_gen_addition": 36, "attention_cost": 48, "architecture": 12, "architecture_lm": 6, "norm_type": 60, "init_depth_rezero": 24,
                  "ffn_width": 24, "recipe": 24, "moe": 12, "modifications": 186, "frontier": 33, "lr_sensitivity": 90,
