@@ -26,9 +26,9 @@ from helpers import wait_until
 
 SWEEPS = CONF / "sweep"
 EXPECTED_JOBS = {"head_count": 36, "pe_copy": 21, "pe_addition": 21, "pe_lm": 21, "init_depth": 108,
-                 "norm_placement": 32, "activations": 24, "attention_variants": 12, "causal_mask": 6,
+                 "norm_placement": 24, "activations": 24, "attention_variants": 12, "causal_mask": 6,
                  "rank_collapse": 36, "attention_scale": 12, "addition_format": 12, "attention_kinds": 60,
-                 "sparse_patterns": 24, "length_gen_copy": 36, "length_gen_addition": 36, "attention_cost": 48, "architecture": 12, "architecture_lm": 6, "norm_type": 60, "init_depth_rezero": 24,
+                 "sparse_patterns": 24, "length_gen_copy": 36, "length_gen_addition": 36, "attention_cost": 48, "architecture": 12, "architecture_lm": 6, "norm_type": 48, "init_depth_rezero": 24,
                  "ffn_width": 24, "recipe": 24, "moe": 12, "modifications": 183, "frontier": 33, "lr_sensitivity": 90,
                  "value_residual_depth": 18, "muon_lr": 42,
                  "attention_patterns": 12, "mlm_nsp": 6, "recall": 90, "context_extension": 54,
@@ -358,3 +358,16 @@ def test_a_sweep_job_trains_with_the_step_count_its_file_interpolates(run_dir):
 
     run_in_process(["sweep=attention_cost", "attn=mha", "task.block_size=256", "logger=none"], run_dir)
     assert read_results(run_dir)["steps"] == 20
+
+
+def test_a_fixed_example_budget_gives_each_batch_size_its_own_step_count(tmp_path):
+    """norm_type's ${div:38400,${task.batch_size}}: 38,400 examples are 600 steps at batch 64 and 9,600 at batch 4
+    (by hand), 4x at study.scale=4; a batch size that does not divide the budget is refused, not rounded."""
+    import blocklab
+
+    steps = {b: compose_config(["sweep=norm_type", f"task.batch_size={b}"], tmp_path / str(b)).trainer.max_steps
+             for b in (4, 64)}
+    assert steps == {4: 9600, 64: 600}
+    assert compose_config(["sweep=norm_type", "task.batch_size=4", "study.scale=4"], tmp_path / "s4").trainer.max_steps == 38400
+    with pytest.raises(ValueError, match="div needs two positive integers"):
+        blocklab._div(38400, 7)

@@ -13,6 +13,16 @@ def _mul(a, b) -> int:
 OmegaConf.register_new_resolver("mul", _mul, replace=True)
 
 
+# `${div:38400,${task.batch_size}}` in sweep files: steps for a fixed number of examples at any batch size.
+def _div(a, b) -> int:
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (a, b)) or a % b:
+        raise ValueError(f"div needs two positive integers, the first a multiple of the second, got {a!r} and {b!r}")
+    return a // b
+
+
+OmegaConf.register_new_resolver("div", _div, replace=True)
+
+
 def _if_study(with_study: str, without: str, *, _root_: DictConfig) -> str:
     """`${if_study:A,B}`: A when a sweep file set `study` (its name), else B (conf/config.yaml's hydra.sweep)."""
     return with_study if OmegaConf.select(_root_, "study.name", default=None) is not None else without
