@@ -94,13 +94,14 @@ def test_scale_factor_run_end_to_end(run_dir):
     assert build_model(saved).blocks[0].attn.scale == pytest.approx(0.5 / math.sqrt(saved.d_head))
 
 
-def test_the_attention_scale_sweep_varies_d_head_and_the_factor_over_seeds_and_plots_entropy_per_layer():
+def test_the_attention_scale_sweep_varies_d_head_and_the_scale_over_seeds_and_plots_entropy_per_layer():
+    """d_head 64 and 16 (d_head 4 learns copy at no setting by 2400 steps, and the x0.5 factor is the earlier
+    design's scale-4 page: the sweep's notes say both)."""
     path = CONF / "sweep" / "attention_scale.yaml"
     jobs = [dict(o.split("=", 1) for o in job) for job in expand("attention_scale")]
-    assert len({job["model.n_heads"] for job in jobs}) >= 3  # d_head = d_model / n_heads at a fixed d_model
+    assert len({job["model.n_heads"] for job in jobs}) >= 2  # d_head = d_model / n_heads at a fixed d_model
     assert "model.d_model" not in OmegaConf.load(path)["hydra"]["sweeper"]["params"]
-    assert {job["attn.scale_factor"] for job in jobs} >= {"0.5", "1.0"} and {job["attn.scale"] for job in jobs} >= \
-        {"default", "none"}
+    assert {job["attn.scale"] for job in jobs} >= {"default", "none"}
     assert len({job["seed"] for job in jobs}) >= 3
     header = [line for line in path.read_text().splitlines() if line.startswith("#")]
     assert re.search(rf"\b{len(jobs)} jobs, \d+ min\b", " ".join(header))  # the stated count is the real one
