@@ -61,6 +61,12 @@ def name(keys: list[str], values: tuple) -> str:
 SPEEDS = ("tokens_per_s", "ms_per_step", "decode_tokens_per_s", "costs.decode_tokens_per_s", "train_time_s")
 
 
+def timed_beside(runs: list[dict]) -> int:
+    """How many of `runs` trained while other jobs of their sweep ran beside them (results.json's
+    `beside_other_jobs`): their SPEEDS measure the neighbour too."""
+    return sum(bool(r.get("beside_other_jobs")) for r in runs)
+
+
 def order(value) -> tuple:
     """Numbers in numeric order (2 before 16), then everything else by name."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -291,10 +291,15 @@ def _runs_of(members: list[dict]) -> tuple | None:
     return tuple(sorted(out))
 
 
+def _named(setting_key: str) -> str:
+    return ", ".join(f"{k}={v}" for k, v in json.loads(setting_key).items())
+
+
 def shown_once(meta: dict, jobs: list[dict]) -> list[dict]:
     """The jobs with each model shown once: a setting whose every run (seed, recorded choices, parameters, final
-    loss, scores and evaluation rows, bit for bit) repeats an earlier setting's is the same model under another name (attn=local, from before
-    patterns existed, is attn=window), so its rows go and meta["duplicates"] says which."""
+    loss, scores and evaluation rows, bit for bit) repeats an earlier setting's is the same model under another
+    name (attn=local, from before patterns existed, is attn=window), so its rows go and meta["duplicates"] says
+    which."""
     by_setting: dict[str, list[dict]] = {}
     for j in jobs:
         by_setting.setdefault(json.dumps(j.get("setting"), sort_keys=True), []).append(j)
@@ -305,9 +310,9 @@ def shown_once(meta: dict, jobs: list[dict]) -> list[dict]:
             continue
         if runs in seen:
             dropped.add(key)
-            name = lambda k: ", ".join(f"{a}={b}" for a, b in json.loads(k).items())  # noqa: E731
-            said.append(f"{name(key)} ran the same model as {name(seen[runs])} (every seed's choices, parameter "
-                        f"count, losses and scores identical, bit for bit): it is shown once, as {name(seen[runs])}.")
+            said.append(f"{_named(key)} ran the same model as {_named(seen[runs])} (every seed's choices, parameter "
+                        f"count, losses and scores identical, bit for bit): it is shown once, as "
+                        f"{_named(seen[runs])}.")
         else:
             seen[runs] = key
     if said:

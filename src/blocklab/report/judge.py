@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from blocklab.report import gap, stats
 from blocklab.report.build import _direction
 from blocklab.report.claims import claims_hash
-from blocklab.report.common import SPEEDS, order
+from blocklab.report.common import SPEEDS, order, timed_beside
 from blocklab.report.learned import gate, learned  # noqa: F401 (learned: the pages' API)
 # The page's runs by setting (page_runs.py), used here and read from here by the pages.
 from blocklab.report.page_runs import (KEPT, OVER, _matches, _settings, at_best_lr, groups_of,  # noqa: F401
@@ -213,7 +213,7 @@ def _test(meta: dict, jobs: list[dict], claim) -> Verdict | _Pairs:
         return Verdict("learn", f"Not testable: {why}. The claim, {words['claim']}, is not judged here"
                                 f"{'' if words['paper'] == 'the paper' else '; ' + words['saw']}"
                                 f"{words['why']}.")
-    if metric in SPEEDS and (beside := sum(bool(j.get("beside_other_jobs")) for j in a + b)):
+    if metric in SPEEDS and (beside := timed_beside(a + b)):
         return Verdict("beside", f"Not testable: {metric} is a speed, and {beside} of the {len(a) + len(b)} compared "
                                  "runs were timed while other jobs of the sweep ran beside them on the same cores, so "
                                  "each speed measures its neighbour too. The claim, " + words["claim"] + ", is not "

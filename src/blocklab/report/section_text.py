@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from blocklab.report import stats
 from blocklab.report.collect import _count
-from blocklab.report.common import SPEEDS, group, name as _name, order as _order
+from blocklab.report.common import SPEEDS, group, name as _name, order as _order, timed_beside
 from blocklab.report.figures_data import direction as _direction, value as _value
 from blocklab.report.render import Para
 from blocklab.report.learned import Learning, learned as learned_by_setting
@@ -56,7 +56,10 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
                         "unknown and no winner is named (add seeds).")]
     better = "better" if higher is not None else "higher"
     tied = [key for key, e in ordered[1:] if sorted(e.values) == sorted(best.values)]
-    compared = [(key, e, stats.paired_by_seed(groups[best_key], groups[key], lambda m: _value(m, metric))) for key, e in ordered[1:] if key not in tied]
+    def score(m):
+        return _value(m, metric)
+    compared = [(key, e, stats.paired_by_seed(groups[best_key], groups[key], score))
+                for key, e in ordered[1:] if key not in tied]
     levels = stats.holm([p.p if p else None for _, _, p in compared])
     details, apart = [], []
     for (key, e, p), h in zip(compared, levels):
@@ -90,7 +93,7 @@ def findings(rows: list[dict], keys: list[str], metric: str) -> list[Finding]:
 def speed_caveat(rows: list[dict]) -> str | None:
     """Runs that trained while other jobs of the sweep ran on the same machine share its cores and memory
     bandwidth with them: their speeds measure the pairing as well as the setting."""
-    beside = sum(bool(r.get("beside_other_jobs")) for r in rows)
+    beside = timed_beside(rows)
     if not beside:
         return None
     return (f"Speeds (tokens/s, ms per step, decoding tokens/s) of {beside} of {len(rows)} runs were measured while "
@@ -173,7 +176,7 @@ def judged(subset: list[dict], keys: list[str], metric: str, learned: dict[tuple
     """The findings on `metric` among the settings that learned their task (every metric: a setting that did not
     learn is no evidence about its component); says which it left out. A speed timed beside other jobs is not
     compared at all."""
-    if metric in SPEEDS and (beside := sum(bool(r.get("beside_other_jobs")) for r in subset)):
+    if metric in SPEEDS and (beside := timed_beside(subset)):
         return [Finding(f"{metric}: not compared: {beside} of {len(subset)} runs were timed while other jobs ran "
                         "beside them, so each speed measures its neighbour too (the caveat below says how to rerun).")]
     left_out = [key for key, e in learned.items() if not e.learned]
