@@ -52,6 +52,8 @@ def test_choices_are_named_by_what_the_model_computes(tmp_path):
     ("model.dropout=1.5", "model.dropout=1.5 must be a number in [0, 1)"),
     ("attn.n_kv_heads=3", "attn.n_kv_heads=3 must divide model.n_heads=4"),
     ("attn.window=0", "attn.window=0 must be null (full attention) or a positive integer"),
+    ("trainer=debug trainer.limit_val_batches=0", "trainer.limit_val_batches=0 must be null (every batch"),
+    ("trainer.limit_eval_examples=0", "trainer.limit_eval_examples=0 must be null (the task's"),
     ("attn.scale=-1", "attn.scale=-1 must be null"),
     ("model.d_model=60 model.n_heads=12", "pos=rope needs an even head dimension"),
     ("pos=sinusoidal model.d_model=63 model.n_heads=7", "pos=sinusoidal needs an even model.d_model"),
@@ -133,3 +135,18 @@ def test_unwritable_run_dir_is_a_clear_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ConfigError, match="cannot write to run directory"):
         prepare(compose_config([], blocker / "run"))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["trainer=debug", "task=mqar"], 32),  # the debug trainer caps MQAR's 256 per bucket
+    (["trainer=debug", "task=copy"], 32),
+    (["trainer=debug", "task=copy", "task.eval_examples=16"], 16),  # a smaller set stays as asked
+    (["task=mqar"], 256),  # no cap outside trainer=debug
+    (["task=mqar", "trainer.limit_eval_examples=100"], 100),
+])
+def test_the_eval_cap_is_written_into_the_config_the_run_saves(overrides, expected, tmp_path):
+    from blocklab.experiment import run_config
+
+    config = prepare(compose_config(overrides, tmp_path / "run")).config
+    assert config["task"]["eval_examples"] == expected
+    assert run_config(compose_config(overrides, tmp_path / "run"))["task"]["eval_examples"] == expected

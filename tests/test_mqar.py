@@ -149,6 +149,9 @@ def test_training_on_mqar_writes_results_for_the_recurrent_kinds(attn, run_dir):
     assert set(rows) == {2, 4} and rows[2]["in_distribution"] and not rows[4]["in_distribution"]
     assert rows[4]["seq_len"] == 32 and all(0 <= row["token_acc"] <= 1 for row in rows.values())
     assert results["choices"]["attn"] == ("mha" if kind == "mha" else kind)
+    # trainer=debug validates on its first batch alone (limit_val_batches), twice; the end's evaluation is whole
+    assert [step for step, _ in results["val_loss_curve"]] == [5, 10]
+    assert all(row["n"] == 8 for row in rows.values())
 
 
 @pytest.mark.slow

@@ -39,7 +39,17 @@ RunConfig = dict
 
 def run_config(cfg: RunConfig | DictConfig) -> RunConfig:
     """A config Hydra (or its compose API) made, resolved to the one form that travels; a RunConfig as it is."""
-    return cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+    return cfg if isinstance(cfg, dict) else _eval_limited(OmegaConf.to_container(cfg, resolve=True))
+
+
+def _eval_limited(config: RunConfig) -> RunConfig:
+    """trainer.limit_eval_examples (trainer=debug's) caps task.eval_examples in the config itself, so the saved config
+    says what the end's evaluation scored. A value the schema refuses is left for it to name."""
+    limit, task = (config.get("trainer") or {}).get("limit_eval_examples"), config.get("task")
+    count = task.get("eval_examples") if isinstance(task, dict) else None
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (limit, count)) and count > limit:
+        task["eval_examples"] = limit
+    return config
 
 
 def config_errors(config: RunConfig) -> list[str]:

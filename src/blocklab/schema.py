@@ -286,6 +286,8 @@ SCHEMA: dict[str, Group] = {
         "max_steps": Described(Int(0), "a positive integer (0, no training, evaluates trainer.resume_from's weights)"),
         # The training stream is endless: no epoch for a fraction of one to refer to.
         "val_check_interval": Described(POSITIVE_INT, "a positive integer number of steps between validations"), "check_val_every_n_epoch": Nullable(POSITIVE_INT, "by steps"),
+        "limit_val_batches": Nullable(POSITIVE_INT, "every batch (else the first N of each validation)"),
+        "limit_eval_examples": Nullable(POSITIVE_INT, "the task's task.eval_examples"),
         "log_every_n_steps": POSITIVE_INT, "gradient_clip_val": Nullable(POSITIVE, "no clipping"),
         "precision": Choice(tuple(PRECISIONS), noun="supported", suggest=False,
                             described="32-true (float32), bf16-mixed (bfloat16 matmuls, float32 weights and "

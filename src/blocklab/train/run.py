@@ -49,7 +49,7 @@ LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU availa
 for _logger in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
     logging.getLogger(_logger).addFilter(lambda record: not str(record.msg).startswith(LIGHTNING_CHATTER))
 # Trainer-group keys that BlockLab reads itself; the rest are lightning.Trainer's arguments.
-BLOCKLAB_TRAINER_KEYS = ("compile", "threads", "data_workers", "resume_from")
+BLOCKLAB_TRAINER_KEYS = ("compile", "threads", "data_workers", "resume_from", "limit_eval_examples")
 # Lightning calls torch's deprecated pytree API on every fit; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 # Loader workers are trainer.data_workers, chosen per trainer preset: on 2 cores they would take the training's cores.
