@@ -321,7 +321,7 @@ def collect(root: Path) -> list[dict]:
 def study_specs(root: Path, rows: list[dict]) -> dict[str, dict]:
     """The `study` block of each sweep, from any of its finished runs' saved configs (a running run's only where
     no other run has one, and only where it reads); what to draw (PRESENTATION) from the sweep file as it is now,
-    where one has the study's name, so finished runs show plots added since."""
+    where one has the study's name, so finished runs show plots (and compare keys) added since."""
     specs = {}
     for row in sorted(rows, key=lambda r: r.get("status") == RUNNING):
         name = row.get("study")
@@ -343,7 +343,9 @@ def study_specs(root: Path, rows: list[dict]) -> dict[str, dict]:
     return specs
 
 
-PRESENTATION = ("plots", "bench", "verdict")  # how a study is shown and judged, not what its runs did
+# How a study is shown and judged, not what its runs did: `compare` names the keys a setting is told apart by, so
+# jobs added later with a key the sweep file now names (attn.rotary's positions) join the same page.
+PRESENTATION = ("plots", "bench", "verdict", "compare")
 
 
 def _presentation(name: str) -> dict:
