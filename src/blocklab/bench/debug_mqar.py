@@ -1,6 +1,7 @@
 """`python -m blocklab.bench debug_mqar`: the wall time of `python -m blocklab.train trainer=debug logger=none
-task=mqar` (what `python train.py ...` runs, start to exit: start-up, 20 training steps with their two validations,
-the end's evaluation, diagnostics, decoding and memory costs) for each attention preset (conf/attn) and for
+task=mqar` (what `python train.py ...` runs, start to exit: start-up, 20 training steps with their two validations
+of one batch, the end's evaluation at 32 examples per length (trainer=debug's caps), diagnostics, decoding and memory
+costs) for each attention preset (conf/attn) and for
 experiment=based_hybrid, as a ratio to the same debug run of task=copy with MHA. The runs alternate (copy, kind, copy,
 kind, ..., copy) so that a shared machine's load falls on both alike; a kind's ratio is its time over the mean of the
 copy runs on either side of it. Target: at most 2x for every kind (issue 54). Beside wall time, each run's CPU time
