@@ -38,6 +38,20 @@ def test_every_figure_is_small_and_is_what_its_data_draws():
                 assert findings.same_drawing(png.read_bytes(), drawn), png
 
 
+def test_the_reproduce_command_gives_ablation_jobs_their_own_launch():
+    """Jobs launched with a key of their own (a sweep's ablation rows) are rerun by a second command, joined by &&:
+    one product of every key's values would give the whole sweep the ablation's key."""
+    from blocklab.report.findings_data import _command
+
+    sweep = [["task=lm", f"attn={a}", f"seed={s}"] for a in ("mha", "gla") for s in (0, 1)]
+    ablation = [["task=lm", "attn=gla", f"seed={s}", "++attn.rotary=True"] for s in (0, 1)]
+    assert _command("k", 1, sweep + ablation) == ("python train.py -m sweep=k task=lm attn=gla,mha seed=0,1 && "
+                                                  "python train.py -m sweep=k task=lm attn=gla seed=0,1 "
+                                                  "++attn.rotary=True")
+    assert _command("k", 4, sweep) == "python train.py -m sweep=k study.scale=4 task=lm attn=gla,mha seed=0,1"
+    assert _command("k", 1, []) == "python train.py -m sweep=k"
+
+
 def test_a_figure_counts_as_redrawn_across_a_pixel_of_float_noise_but_not_across_a_changed_plot():
     """same_drawing: 10 pixels apart of 240,000 (an error bar's end moved by BLAS's last bits) is the same figure;
     a 40 x 40 block (0.7%), another size or bytes that are no PNG are not."""

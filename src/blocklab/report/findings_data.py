@@ -73,20 +73,28 @@ def records(study: dict, members: list[dict], metrics: list[str]) -> list[dict]:
 
 
 def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
-    """The command that reruns these jobs: the sweep, then every key the jobs set, with the values they took."""
-    values: dict[str, list[str]] = {}
+    """The command that reruns these jobs: the sweep, then every key the jobs set, with the values they took. Jobs
+    that set different keys (a sweep's ablation rows, launched with a key of their own) get a command per set of
+    keys, joined by && so that one line reruns them all; one product of every key's values would give every job the
+    ablation's key."""
+    groups: dict[tuple[str, ...], dict[str, list[str]]] = {}
     for overrides in records_overrides:
-        for override in overrides:
-            key, _, value = override.partition("=")
-            if key in ("sweep", "study.scale") or key.lstrip("+~").startswith("hydra"):
-                continue
+        pairs = [override.partition("=")[::2] for override in overrides]
+        pairs = [(key, value) for key, value in pairs
+                 if key not in ("sweep", "study.scale") and not key.lstrip("+~").startswith("hydra")]
+        values = groups.setdefault(tuple(sorted(key for key, _ in pairs)), {})
+        for key, value in pairs:
             if value not in values.setdefault(key, []):
                 values[key].append(value)
-    parts = [f"python train.py -m sweep={name}"] + ([f"study.scale={scale:g}"] if scale not in (None, 1) else [])
-    for key, seen in values.items():
-        seen = sorted(seen, key=lambda v: order(int(v) if v.lstrip("-").isdigit() else v))
-        parts.append(f"{key}={','.join(seen)}")
-    return " ".join(parts)
+    head = f"python train.py -m sweep={name}" + (f" study.scale={scale:g}" if scale not in (None, 1) else "")
+    commands = []
+    for values in sorted(groups.values(), key=len):  # the sweep's own jobs (fewest keys) first
+        parts = [head]
+        for key, seen in values.items():
+            seen = sorted(seen, key=lambda v: order(int(v) if v.lstrip("-").isdigit() else v))
+            parts.append(f"{key}={','.join(seen)}")
+        commands.append(" ".join(parts))
+    return " && ".join(commands) or head
 
 
 def _first_command(name: str, scale, study: dict, results: list[dict]) -> dict:
@@ -94,7 +102,8 @@ def _first_command(name: str, scale, study: dict, results: list[dict]) -> dict:
     declared = study.get("ladder")
     if not isinstance(declared, dict) or ladder.axis(declared) != "tokens":
         return {}
-    trunks = [r.get("overrides", []) for r in results if f"study.rung={ladder.TRUNK}" in r.get("overrides", [])]
+    trunks = [swept_overrides(r.get("overrides", [])) for r in results
+              if f"study.rung={ladder.TRUNK}" in r.get("overrides", [])]
     return {"first": _command(name, scale, trunks)} if trunks else {}
 
 
@@ -107,7 +116,7 @@ def meta_record(name: str, study: dict, rows: list[dict], results: list[dict], e
     machines = Counter(r.get("machine") for r in results if r.get("machine"))
     commits = sorted({r["commit"] for r in results if isinstance(r.get("commit"), str)})
     return {"format": FORMAT, "sweep": study_folder(name, scale), "study": {k: study.get(k) for k in STUDY_FIELDS},
-            "command": _command(name, scale, [r.get("overrides", []) for r in results]),
+            "command": _command(name, scale, [swept_overrides(r.get("overrides", [])) for r in results]),
             **_first_command(name, scale, study, results),
             "report": f"python -m blocklab.report outputs/sweeps/{study_folder(name, scale)} --findings docs/findings",
             "scale": scale, "seeds": counts("seed"), "jobs": len(rows),
@@ -272,6 +281,8 @@ def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
         raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
                           "blocklab.report SWEEP_DIR --findings docs/findings")
     meta, jobs = with_gate_keys(lines[0]), lines[1:]
+    if jobs and all(isinstance(j.get("overrides"), list) for j in jobs):  # as meta_record: the jobs' swept keys
+        meta["command"] = _command(meta["study"]["name"], meta.get("scale", 1), [j["overrides"] for j in jobs])
     targets.apply(meta, jobs)
     return meta, shown_once(meta, jobs)
 
