@@ -116,7 +116,7 @@ def shell_commands(path: Path) -> list[str]:
         found += [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     body = re.sub(r"```.*?```", "", text(path), flags=re.DOTALL)
     found += [" ".join(span.split()) for span in re.findall(r"`(python (?:train\.py|-m blocklab\.\w+)[^`]*)`", body)]
-    return found
+    return [part.strip() for line in found for part in line.split(" && ")]  # a page's Reproduce chains its launches
 
 
 def all_commands() -> list[tuple[str, str]]:
@@ -149,7 +149,10 @@ def train_overrides(command: str) -> list[str] | None:
 def test_every_train_command_in_the_docs_composes_and_passes_the_schema():
     """Each `python train.py ...` in the README and docs composes (Hydra's compose API: keys and options exist,
     interpolations resolve) and its values pass the schema; a multirun is checked on its first job."""
+    from blocklab import modifications
     from blocklab.schema import schema_errors
+
+    modifications.register(modifications.candidates())  # as a sweep's ${modifications:} does before its jobs compose
 
     commands = {}  # overrides -> where they are shown (many commands share theirs)
     for doc, command in all_commands():

@@ -43,7 +43,9 @@ from blocklab.train.sweep import relaunch_only_this_job, run_as_sweep_job
 # accelerators a CPU run does not use, its note that max_steps was reached, or its restore messages
 # (the run says itself that it resumes). On a GPU: not the precision it was asked for, the device's index, or
 # the advice to round float32 matmuls through TF32 (a 32-true run is asked to be exact; bf16-mixed is the fast one).
+# Nor its echo of a limit the trainer preset set (trainer=debug's limit_val_batches: the preset's docs say it).
 LIGHTNING_CHATTER = ("💡 Tip", "GPU available:", "TPU available:", "HPU available:", "`Trainer.fit` stopped:",
+                     "`Trainer(limit_",
                      "Restoring states from the checkpoint", "Restored all states from the checkpoint",
                      "Using bfloat16 Automatic Mixed Precision", "You are using a CUDA device", "LOCAL_RANK:")
 for _logger in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
