@@ -116,7 +116,9 @@ def shell_commands(path: Path) -> list[str]:
         found += [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     body = re.sub(r"```.*?```", "", text(path), flags=re.DOTALL)
     found += [" ".join(span.split()) for span in re.findall(r"`(python (?:train\.py|-m blocklab\.\w+)[^`]*)`", body)]
-    return [part.strip() for line in found for part in line.split(" && ")]  # a page's Reproduce chains its launches
+    # A findings page's Reproduce chains its launches (python ... && python ...): each is a command of its own.
+    return [part.strip() for line in found
+            for part in (re.split(r" && (?=python )", line) if line.startswith("python ") else [line])]
 
 
 def all_commands() -> list[tuple[str, str]]:
