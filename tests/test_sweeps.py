@@ -31,7 +31,7 @@ EXPECTED_JOBS = {"head_count": 36, "pe_copy": 21, "pe_addition": 21, "pe_lm": 21
                  "sparse_patterns": 24, "length_gen_copy": 36, "length_gen_addition": 36, "attention_cost": 48, "architecture": 12, "architecture_lm": 6, "norm_type": 48, "init_depth_rezero": 24,
                  "ffn_width": 24, "recipe": 24, "moe": 12, "modifications": 183, "frontier": 33, "lr_sensitivity": 90,
                  "value_residual_depth": 18, "muon_lr": 42,
-                 "attention_patterns": 12, "mlm_nsp": 6, "recall": 90, "context_extension": 54,
+                 "attention_patterns": 12, "mlm_nsp": 6, "recall": 72, "context_extension": 54,
                  "activations_ladder": 45, "head_count_ladder": 30, "moe_ladder": 30,
                  "recipe_ladder": 30, "activations_tokens": 36, "attention_kinds_ladder": 60,
                  "modifications_ladder": 90}
