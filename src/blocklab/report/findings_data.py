@@ -281,8 +281,10 @@ def read_jsonl(path: Path) -> tuple[dict, list[dict]]:
         raise ConfigError(f"{path}: not a findings file of format {FORMAT}; regenerate it with python -m "
                           "blocklab.report SWEEP_DIR --findings docs/findings")
     meta, jobs = with_gate_keys(lines[0]), lines[1:]
-    if jobs and all(isinstance(j.get("overrides"), list) for j in jobs):  # as meta_record: the jobs' swept keys
-        meta["command"] = _command(meta["study"]["name"], meta.get("scale", 1), [j["overrides"] for j in jobs])
+    name = meta.get("study", {}).get("name") if isinstance(meta.get("study"), dict) else None
+    if isinstance(name, str) and jobs and all(isinstance(j, dict) and isinstance(j.get("overrides"), list)
+                                              and all(isinstance(o, str) for o in j["overrides"]) for j in jobs):
+        meta["command"] = _command(name, meta.get("scale", 1), [j["overrides"] for j in jobs])  # as meta_record
     targets.apply(meta, jobs)
     return meta, shown_once(meta, jobs)
 
