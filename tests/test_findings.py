@@ -52,6 +52,31 @@ def test_the_reproduce_command_gives_ablation_jobs_their_own_launch():
     assert _command("k", 1, []) == "python train.py -m sweep=k"
 
 
+def test_the_reproduce_command_reruns_a_stage_2_and_no_job_that_never_ran():
+    """A second seed at each setting's best learning rate (recall's stage 2) is no product of its keys' values: the
+    command gives it launches of its own, which expand to exactly the jobs that ran, not seed=0,1 across the grid."""
+    import itertools
+
+    from blocklab.report.findings_data import _command
+
+    stage_1 = [(a, c, lr, "0") for a in ("mha", "gla", "linear") for c in ("0", "4") for lr in ("0.001", "0.01")]
+    best = {("mha", "0"): "0.001", ("mha", "4"): "0.001", ("gla", "4"): "0.01", ("linear", "4"): "0.01"}
+    stage_2 = [(a, c, lr, "1") for (a, c), lr in best.items()] + [("linear", "0", "0.001", "1")]
+    jobs = stage_1 + stage_2
+    command = _command("recall", 1, [[f"attn={a}", f"attn.short_conv={c}", f"optim.lr={lr}", f"seed={s}"]
+                                     for a, c, lr, s in jobs])
+    launches = command.split(" && ")
+    expanded = []
+    for launch in launches:
+        head, *overrides = launch.split(" ")[3:]
+        assert head == "sweep=recall"
+        values = dict(o.split("=") for o in overrides)
+        expanded += itertools.product(*(values[k].split(",") for k in ("attn", "attn.short_conv", "optim.lr", "seed")))
+    assert sorted(expanded) == sorted(jobs)  # every job once, and none that never ran
+    assert launches[0].endswith("attn=gla,linear,mha attn.short_conv=0,4 optim.lr=0.001,0.01 seed=0")
+    assert len(launches) <= 4  # mha at 0.001 both ways, gla and linear with the conv at 0.01, linear at 0.001
+
+
 def test_a_figure_counts_as_redrawn_across_a_pixel_of_float_noise_but_not_across_a_changed_plot():
     """same_drawing: 10 pixels apart of 240,000 (an error bar's end moved by BLAS's last bits) is the same figure;
     a 40 x 40 block (0.7%), another size or bytes that are no PNG are not."""

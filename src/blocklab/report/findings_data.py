@@ -72,28 +72,53 @@ def records(study: dict, members: list[dict], metrics: list[str]) -> list[dict]:
     return [record for record, _ in lines]
 
 
+def _products(jobs: frozenset[tuple[str, ...]], width: int) -> list[list[set[str]]]:
+    """The fewest products of value sets whose union is exactly `jobs` (tuples of one value per key). A launch is one
+    product, so jobs that are not one (a stage 2 that reran some settings at one more seed) need several. Splits on
+    the key that gives the fewest, joining the values whose jobs agree on every other key; exact, and cheap at a
+    sweep's few keys."""
+    values = [{job[i] for job in jobs} for i in range(width)]
+    if width == 0 or math.prod(map(len, values)) == len(jobs):
+        return [values]
+    best = None
+    for i in range(width):
+        rests: dict[str, set[tuple[str, ...]]] = {}
+        for job in jobs:
+            rests.setdefault(job[i], set()).add(job[:i] + job[i + 1:])
+        by_rest: dict[frozenset, set[str]] = {}
+        for value, rest in rests.items():
+            by_rest.setdefault(frozenset(rest), set()).add(value)
+        split = [product[:i] + [shared] + product[i:]
+                 for rest, shared in by_rest.items() for product in _products(rest, width - 1)]
+        if best is None or len(split) < len(best):
+            best = split
+    return best
+
+
 def _command(name: str, scale, records_overrides: list[list[str]]) -> str:
-    """The command that reruns these jobs: the sweep, then every key the jobs set, with the values they took. Jobs
-    that set different keys (a sweep's ablation rows, launched with a key of their own) get a command per set of
-    keys, joined by && so that one line reruns them all; one product of every key's values would give every job the
-    ablation's key."""
-    groups: dict[tuple[str, ...], dict[str, list[str]]] = {}
+    """The command that reruns these jobs, and only these: the sweep, then every key the jobs set, with the values
+    they took. Jobs that set different keys (a sweep's ablation rows, launched with a key of their own), or that do
+    not fill the product of their keys' values (a stage 2 at a second seed), get a launch per product, joined by &&
+    so that one line reruns them all; one product of every key's values would run jobs that never ran."""
+    groups: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for overrides in records_overrides:
         pairs = [override.partition("=")[::2] for override in overrides]
         pairs = [(key, value) for key, value in pairs
                  if key not in ("sweep", "study.scale") and not key.lstrip("+~").startswith("hydra")]
-        values = groups.setdefault(tuple(sorted(key for key, _ in pairs)), {})
-        for key, value in pairs:
-            if value not in values.setdefault(key, []):
-                values[key].append(value)
+        keys = tuple(key for key, _ in pairs)
+        group = next((g for g in groups if sorted(g) == sorted(keys)), keys)  # keys in the order first seen
+        values = dict(pairs)
+        groups.setdefault(group, []).append(tuple(values[key] for key in group))
     head = f"python train.py -m sweep={name}" + (f" study.scale={scale:g}" if scale not in (None, 1) else "")
     commands = []
-    for values in sorted(groups.values(), key=len):  # the sweep's own jobs (fewest keys) first
-        parts = [head]
-        for key, seen in values.items():
-            seen = sorted(seen, key=lambda v: order(int(v) if v.lstrip("-").isdigit() else v))
-            parts.append(f"{key}={','.join(seen)}")
-        commands.append(" ".join(parts))
+    for keys in sorted(groups, key=len):  # the sweep's own jobs (fewest keys) first
+        products = _products(frozenset(groups[keys]), len(keys))
+        for product in sorted(products, key=lambda p: (-math.prod(map(len, p)), str(sorted(map(sorted, p))))):
+            parts = [head]
+            for key, seen in zip(keys, product):
+                seen = sorted(seen, key=lambda v: order(int(v) if v.lstrip("-").isdigit() else v))
+                parts.append(f"{key}={','.join(seen)}")
+            commands.append(" ".join(parts))
     return " && ".join(commands) or head
 
 
