@@ -107,6 +107,15 @@ def test_a_page_words_its_paper_as_the_sweep_file_does_now():
     assert meta["study"]["verdict"]["paper_tested"] is False
 
 
+def test_a_tie_that_shares_one_seed_with_the_best_says_it_is_too_few_to_test():
+    """recall's ablation rows ran at seed 0 alone, beside settings at seeds 0 and 1: one pair has no t-test, so the
+    answer must not count such a setting "not distinguishable at 2 seeds" without saying it rests on one."""
+    values = {"a": [0.95, 0.97], "b": [0.90], "c": [0.94, 0.93]}
+    text = page_text.answer_text(_meta("exact_match_in"), _jobs("exact_match_in", values, {k: 0.95 for k in values}))
+    assert text == ("The highest exact_match_in is pos=a's, 0.960; not distinguishable from it at 2 seeds (paired by "
+                    "seed, Holm over 2 comparisons): pos=c (0.935); pos=b (0.900; 1 seed paired: too few to test).")
+
+
 def test_the_answer_names_the_best_and_every_setting_not_distinguishable_from_it():
     """exact_match_in, higher is better. a = 0.90, 0.92, 0.91 is best; a - b = 0.01, -0.01, 0.01 (mean 0.0033, sd
     0.0115: t = 0.5, p = 0.667) cannot be told from it. c did not learn its task, so it is compared with nothing (it

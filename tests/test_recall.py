@@ -89,6 +89,24 @@ def test_lr_range_counts_the_learning_rates_within_the_fraction_of_the_best():
     assert [c.value for c in recall.working(options, 0.9)] == [4.6e-4, 2.2e-3]
 
 
+def test_a_second_seed_at_the_best_rate_does_not_choose_the_best_again():
+    """Stage 2 adds seed 1 at stage 1's best rate. Its mean over two seeds (0.99 and 0.25: 0.62) is no worse a rate
+    than a neighbour seen at one seed (0.98): the rates are compared on seed 0, which every rate has, so the best
+    stays 1e-2, its reported mean is over both seeds, and the neighbour still counts in the working range."""
+    stage_1 = [row("gla", lr, 0, acc) for lr, acc in zip((4.6e-4, 2.2e-3, 1e-2, 3.16e-2), (0.3, 0.5, 0.99, 0.98))]
+    rows = stage_1 + [row("gla", 1e-2, 1, 0.25)]
+    options = recall.choices(rows, "token_acc_in", "optim.lr")
+    top = recall.best(options)
+    assert top.value == 1e-2 and top.mean == pytest.approx(0.62)
+    assert recall.best_named(options) == "0.01"
+    assert [c.value for c in recall.working(options, 0.9)] == [1e-2, 3.16e-2]  # 0.98 >= 0.9 x 0.99 on seed 0
+    note, _ = draw("lr_range", rows)
+    assert "attn=gla: best 0.620 at lr=0.01, 2 of 4 reach 0.9 x best (0.01, 0.0316)" in note
+    # with no seed that every rate has, the means over each rate's own seeds decide
+    apart = [row("gla", 1e-2, 1, 0.25), row("gla", 3.16e-2, 0, 0.98)]
+    assert recall.best(recall.choices(apart, "token_acc_in", "optim.lr")).value == 3.16e-2
+
+
 def test_a_setting_that_learned_nothing_has_no_working_range():
     rows = [row("linear", lr, 0, 0.0) for lr in LRS]
     note, _ = draw("lr_range", rows)

@@ -1,10 +1,9 @@
 """A findings page's runs by setting: the jsonl's completed and diverged runs grouped by the study's compare keys,
 a claim's side selected by its spec, and each setting at its own best learning rate (`at_best` claims, targets.py).
 The judge (judge.py) and the page's tables and text read them from here."""
-from blocklab.report import stats
 from blocklab.report.build import _direction
 from blocklab.report.common import group
-from blocklab.report.recall import OVER, AtChoice, best
+from blocklab.report.recall import OVER, AtChoice, at_choice, best
 
 KEPT = ("completed", "diverged")  # the runs a page shows: a diverged run is data, not a missing row
 
@@ -59,7 +58,7 @@ def at_best_lr(meta: dict, groups: dict) -> dict:
     metric = (verdict.get("metric") if isinstance(verdict, dict) else None) or "final_val_loss"
     tried: dict[tuple, list[AtChoice]] = {}
     for key, members in groups.items():
-        if scores := stats.finite([metric_of(j, metric) for j in members]):
-            tried.setdefault(key[:i] + key[i + 1:], []).append(AtChoice(key[i], scores, members))
+        if choice := at_choice(key[i], members, lambda j: metric_of(j, metric)):
+            tried.setdefault(key[:i] + key[i + 1:], []).append(choice)
     top = {rest: best(options, higher_is_better(metric)) for rest, options in tried.items()}
     return {rest[:i] + (c.value,) + rest[i:]: c.members for rest, c in top.items()}

@@ -11,7 +11,7 @@ from blocklab.report.common import name as setting_name
 from blocklab.report.judge import keys_of as _keys, metric_of as _metric
 from blocklab.report.learned import learned
 from blocklab.report.lr_sensitivity import CHOSEN_ON
-from blocklab.report.recall import FRACTION, OVER, AtChoice, best as best_choice, best_named, working
+from blocklab.report.recall import FRACTION, OVER, AtChoice, at_choice, best as best_choice, best_named, working
 
 
 def verdict_metric(meta: dict) -> str:
@@ -37,8 +37,8 @@ def tuned(meta: dict, groups) -> dict[tuple, list[AtChoice]] | None:
     i, metric = keys.index(OVER), rate_metric(meta)
     per: dict[tuple, list[AtChoice]] = {}
     for key, members in groups.items():
-        if scores := stats.finite([_metric(j, metric) for j in members]):
-            per.setdefault(key[:i] + key[i + 1:], []).append(AtChoice(key[i], scores, members))
+        if choice := at_choice(key[i], members, lambda j: _metric(j, metric)):
+            per.setdefault(key[:i] + key[i + 1:], []).append(choice)
     if all(len(tried) < 2 for tried in per.values()):
         return None
     return per

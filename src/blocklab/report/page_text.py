@@ -88,11 +88,21 @@ def answers(meta: dict, jobs: list[dict]) -> tuple[str, list[Answer]]:
         holm = stats.holm(ps) if ps else []
         ties = sorted((k for k, h in zip(others, holm) if not h.rejected), key=lambda k: (-means[k] if higher else means[k]))
         e = learn.get(best)
+        seeds = {r.get("seed") for r in parts[part][best]}
+        pairs = {k: len(seeds & {r.get("seed") for r in parts[part][k]}) for k in ties}  # fewer where k lacks seeds
         out.append(Answer(part, setting_name(keys, best) or "all runs", _short(keys, best), means[best],
-                          [f"{setting_name(keys, k)} ({stats.fmt(means[k])})" for k in ties], [_short(keys, k) for k in ties],
+                          [f"{setting_name(keys, k)} ({stats.fmt(means[k])}{_fewer_pairs(pairs[k], len(seeds))})"
+                           for k in ties], [_short(keys, k) for k in ties],
                           len(others), len(parts[part][best]), None if e is None else e.learned,
                           len(not_learned)))
     return metric, out
+
+
+def _fewer_pairs(pairs: int, seeds: int) -> str:
+    """What a tie rests on where it shares fewer seeds with the best than the best has: one pair cannot be tested."""
+    if pairs >= seeds:
+        return ""
+    return f"; {pairs} seed{'s' if pairs != 1 else ''} paired" + (": too few to test" if pairs < 2 else "")
 
 
 def answer_text(meta: dict, jobs: list[dict]) -> str:

@@ -13,7 +13,7 @@ Study specs: {kind: recall_memory, metric: token_acc_in, by: [attn, attn.short_c
 Both choose over `over` (default optim.lr) within each setting, and refuse to pool: runs of one setting and one
 `over` value must differ only in their seed (a `where` or a `by` key picks the rest)."""
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -38,15 +38,31 @@ def higher_is_better(metric: str) -> bool:
 
 @dataclass
 class AtChoice:
-    """One value of the `over` key within a setting: its runs' scores (one per seed) and their mean."""
+    """One value of the `over` key within a setting: its runs' scores (one per seed) and their mean. `seeds` is the
+    seed of each score: rates are compared on the seeds they share (best, working)."""
 
     value: float
     scores: list[float]
     members: list[dict]
+    seeds: list = field(default_factory=list)
 
     @property
     def mean(self) -> float:
         return sum(self.scores) / len(self.scores)
+
+    def mean_on(self, seeds: set) -> float:
+        """The mean over the scores of these seeds (all scores where `seeds` is empty)."""
+        kept = [s for s, seed in zip(self.scores, self.seeds) if seed in seeds] if seeds else self.scores
+        return sum(kept) / len(kept)
+
+
+def at_choice(value, members: list[dict], score) -> AtChoice | None:
+    """The runs of one `over` value with their finite scores (score(run) -> number or None) and seeds; None where no
+    run has one."""
+    scored = [(s, m) for m in members if (s := _finite(score(m))) is not None]
+    if not scored:
+        return None
+    return AtChoice(value, [s for s, _ in scored], [m for _, m in scored], [m.get("seed") for _, m in scored])
 
 
 def choices(members: list[dict], metric: str, over: str) -> list[AtChoice]:
@@ -55,16 +71,23 @@ def choices(members: list[dict], metric: str, over: str) -> list[AtChoice]:
     for m in members:
         if _finite(m.get(over)) is not None:
             per[float(m[over])].append(m)
-    out = []
-    for value in sorted(per):
-        scored = [(s, m) for m in per[value] if (s := _finite(m.get(metric))) is not None]
-        if scored:
-            out.append(AtChoice(value, [s for s, _ in scored], [m for _, m in scored]))
-    return out
+    return [c for value in sorted(per) if (c := at_choice(value, per[value], lambda m: m.get(metric)))]
+
+
+def shared_seeds(options: list[AtChoice]) -> set:
+    """The seeds every option was run at: a stage 2 that adds seeds at the best rate alone must not decide the best
+    again, since a rate's mean over more seeds regresses where one seed's does not (the winner's curse). Empty where
+    the options share none, or a score's seed is unknown."""
+    seen = [set(c.seeds) for c in options]
+    if not seen or any(None in s or len(s) != len(c.scores) for s, c in zip(seen, options)):
+        return set()
+    return set.intersection(*seen)
 
 
 def best(options: list[AtChoice], higher: bool = True) -> AtChoice:
-    return max(options, key=lambda c: c.mean if higher else -c.mean)
+    """The option with the best mean on the seeds all options share (stage 1's); its own mean is over all its seeds."""
+    seeds = shared_seeds(options)
+    return max(options, key=lambda c: c.mean_on(seeds) if higher else -c.mean_on(seeds))
 
 
 def best_named(options: list[AtChoice], higher: bool = True) -> str:
@@ -78,9 +101,11 @@ def best_named(options: list[AtChoice], higher: bool = True) -> str:
 
 def working(options: list[AtChoice], fraction: float, higher: bool = True) -> list[AtChoice]:
     """The values whose mean reaches `fraction` of the best mean (none where the best is not above 0); for a metric
-    better lower, those within best / fraction."""
-    top = best(options, higher).mean
-    return [c for c in options if top > 0 and (c.mean >= fraction * top if higher else c.mean <= top / fraction)]
+    better lower, those within best / fraction. Means on the seeds all options share, as `best` chooses."""
+    seeds = shared_seeds(options)
+    top = best(options, higher).mean_on(seeds)
+    return [c for c in options
+            if top > 0 and (c.mean_on(seeds) >= fraction * top if higher else c.mean_on(seeds) <= top / fraction)]
 
 
 def pooled(rows: list[dict], keys: list[str]) -> str | None:
